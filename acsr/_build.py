@@ -1,0 +1,250 @@
+"""Building ACSR layouts: from canonical runs, from dense masks, transposes, checks."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from acsr._format import ACSR, MAX_SEGMENTS, BlockResidual, LayoutError, Segment
+from acsr._law import _canonical, fit_closed_form
+from acsr._runs import csr_from_runs, runs_from_csr, runs_from_dense
+
+DEFAULT_BLOCK = (64, 64)
+
+
+def _check_len(name: str, n) -> int:
+    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n <= 0:
+        raise ValueError(f"{name} must be a positive int, got {n!r}")
+    return int(n)
+
+
+def from_runs(
+    q_len: int,
+    kv_len: int,
+    base: np.ndarray,
+    stride: np.ndarray,
+    count: np.ndarray,
+    *,
+    block: tuple[int, int] = DEFAULT_BLOCK,
+    closed_forms: bool = True,
+) -> ACSR:
+    """Layout from canonical per-row runs ``[q_len, K]`` (see ``acsr._runs``).
+
+    Rows needing at most :data:`MAX_SEGMENTS` runs become segments with fitted
+    closed forms; a mask with any row needing more goes to the residual whole.
+    """
+    q_len, kv_len = _check_len("q_len", q_len), _check_len("kv_len", kv_len)
+    k = base.shape[1]
+    if k <= MAX_SEGMENTS:
+        segs = []
+        for j in range(k):
+            b, s, c = _canonical(base[:, j], stride[:, j], count[:, j])
+            cf = fit_closed_form(b, s, c) if closed_forms else None
+            segs.append(Segment(b, s, c, cf))
+        return ACSR(q_len, kv_len, tuple(segs))
+    indptr, cols = csr_from_runs(base, stride, count)
+    return ACSR(q_len, kv_len, (), residual_from_csr(indptr, cols, q_len, kv_len, block))
+
+
+def residual_from_csr(indptr, cols, q_len: int, kv_len: int, block=DEFAULT_BLOCK) -> BlockResidual:
+    """Block-sparse residual holding exactly the CSR's nonzeros."""
+    bq, bkv = block
+    n_qb = -(-q_len // bq)
+    rows = np.repeat(np.arange(q_len), np.diff(indptr))
+    rb, cb = rows // bq, cols // bkv
+    n_kvb = -(-kv_len // bkv)
+    pair = np.unique(rb * n_kvb + cb)
+    prb, pcb = pair // n_kvb, pair % n_kvb
+    num = np.bincount(prb, minlength=n_qb)
+    max_blocks = int(num.max()) if num.size else 0
+    first = np.zeros(n_qb + 1, np.int64)
+    np.cumsum(num, out=first[1:])
+    slot = np.arange(pair.size) - first[prb]
+    kv_blocks = np.full((n_qb, max_blocks), -1, np.int32)
+    kv_blocks[prb, slot] = pcb
+    bits = np.zeros((n_qb, max_blocks, bq, bkv), bool)
+    nz_slot = slot[np.searchsorted(pair, rb * n_kvb + cb)]
+    bits[rb, nz_slot, rows % bq, cols % bkv] = True
+    return BlockResidual(bq, bkv, kv_blocks, num.astype(np.int32), bits)
+
+
+def _pad_k(parts: list[np.ndarray], fill: int) -> np.ndarray:
+    k = max(p.shape[1] for p in parts)
+    return np.concatenate(
+        [np.pad(p, ((0, 0), (0, k - p.shape[1])), constant_values=fill) for p in parts]
+    )
+
+
+def from_row_chunks(q_len: int, kv_len: int, chunks, **kw) -> ACSR:
+    """Layout from an iterable of ``(base, stride, count)`` runs, one per row chunk."""
+    bs, ss, cs = [], [], []
+    for b, s, c in chunks:
+        bs.append(b), ss.append(s), cs.append(c)
+    return from_runs(q_len, kv_len, _pad_k(bs, 0), _pad_k(ss, 1), _pad_k(cs, 0), **kw)
+
+
+def _certainly_residual(chunk: np.ndarray) -> bool:
+    """True when some row surely needs more than MAX_SEGMENTS canonical runs.
+
+    A lower bound per row: its contiguous runs (two or more adjacent columns),
+    plus one if it has any isolated column.
+    """
+    left = np.zeros_like(chunk)
+    left[:, 1:] = chunk[:, :-1]
+    right = np.zeros_like(chunk)
+    right[:, :-1] = chunk[:, 1:]
+    start = chunk & ~left
+    bound = (start & right).sum(axis=1) + (start & ~right).any(axis=1)
+    return bool(bound.max(initial=0) > MAX_SEGMENTS)
+
+
+def _residual_chunk(chunk: np.ndarray, block) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(kv_blocks, num_blocks, bits) of a dense chunk whose row count is a multiple of block_q
+    (or the last chunk)."""
+    bq, bkv = block
+    n, kv = chunk.shape
+    nqb, nkb = -(-n // bq), -(-kv // bkv)
+    padded = np.zeros((nqb * bq, nkb * bkv), bool)
+    padded[:n, :kv] = chunk
+    blocks = padded.reshape(nqb, bq, nkb, bkv).transpose(0, 2, 1, 3)
+    present = blocks.any(axis=(2, 3))
+    num = present.sum(axis=1)
+    width = int(num.max(initial=0))
+    order = np.argsort(~present, axis=1, kind="stable")[:, :width]
+    used = np.arange(width) < num[:, None]
+    kv_blocks = np.where(used, order, -1)
+    bits = blocks[np.arange(nqb)[:, None], order] & used[:, :, None, None]
+    return kv_blocks, num, bits
+
+
+def from_dense_chunks(q_len: int, kv_len: int, make_chunk, *, block=DEFAULT_BLOCK, chunk_rows: int = 1024) -> ACSR:
+    """Layout of a mask given as ``make_chunk(r0, r1) -> bool [r1 - r0, kv_len]``.
+
+    Peak memory is one chunk plus the layout; an irregular mask (some row needs
+    more than MAX_SEGMENTS runs) is detected cheaply and stored as a residual.
+    """
+    q_len, kv_len = _check_len("q_len", q_len), _check_len("kv_len", kv_len)
+    step = max(block[0], chunk_rows // block[0] * block[0])
+    starts = range(0, q_len, step)
+    parts = []
+    for r0 in starts:
+        c = make_chunk(r0, min(q_len, r0 + step))
+        if _certainly_residual(c):
+            break
+        parts.append(runs_from_dense(c))
+    else:
+        return from_row_chunks(q_len, kv_len, parts, block=block)
+    pieces = [_residual_chunk(make_chunk(r0, min(q_len, r0 + step)), block) for r0 in starts]
+    width = max(p[0].shape[1] for p in pieces)
+    kv_blocks = np.concatenate([np.pad(p[0], ((0, 0), (0, width - p[0].shape[1])), constant_values=-1) for p in pieces])
+    bits = np.concatenate([np.pad(p[2], ((0, 0), (0, width - p[2].shape[1]), (0, 0), (0, 0))) for p in pieces])
+    num = np.concatenate([p[1] for p in pieces])
+    return ACSR(q_len, kv_len, (), BlockResidual(block[0], block[1], kv_blocks, num, bits))
+
+
+def from_dense(mask, *, block: tuple[int, int] = DEFAULT_BLOCK, chunk_rows: int = 1024) -> ACSR:
+    """Layout of a boolean ``[q_len, kv_len]`` array (numpy or a concrete jax array)."""
+    mask = np.asarray(mask)
+    if mask.ndim != 2:
+        raise ValueError(f"mask must be 2-D [q_len, kv_len], got shape {mask.shape}")
+    if mask.dtype != np.bool_:
+        raise TypeError(f"mask must be a boolean array, got dtype {mask.dtype}")
+    q_len, kv_len = mask.shape
+    return from_dense_chunks(q_len, kv_len, lambda r0, r1: mask[r0:r1], block=block, chunk_rows=chunk_rows)
+
+
+def to_csr(layout: ACSR) -> tuple[np.ndarray, np.ndarray]:
+    """All nonzeros as CSR ``(indptr [q_len + 1], columns)``, sorted within rows."""
+    parts_b, parts_s, parts_c = [], [], []
+    for s in layout.segments:
+        parts_b.append(s.base[:, None]), parts_s.append(s.stride[:, None]), parts_c.append(s.count[:, None])
+    cols_list = []
+    if parts_b:
+        indptr, cols = csr_from_runs(np.hstack(parts_b), np.hstack(parts_s), np.hstack(parts_c))
+        cols_list.append((np.repeat(np.arange(layout.q_len), np.diff(indptr)), cols))
+    if layout.residual is not None:
+        r = layout.residual
+        i, j, a, u = np.nonzero(r.bits)
+        cols_list.append((i * r.block_q + a, r.kv_blocks[i, j].astype(np.int64) * r.block_kv + u))
+    if not cols_list:
+        return np.zeros(layout.q_len + 1, np.int64), np.zeros(0, np.int64)
+    rows = np.concatenate([c[0] for c in cols_list])
+    cols = np.concatenate([c[1] for c in cols_list])
+    order = np.lexsort((cols, rows))
+    indptr = np.zeros(layout.q_len + 1, np.int64)
+    np.cumsum(np.bincount(rows, minlength=layout.q_len), out=indptr[1:])
+    return indptr, cols[order]
+
+
+def from_csr(q_len: int, kv_len: int, indptr, cols, *, block=DEFAULT_BLOCK, chunk_rows: int = 4096) -> ACSR:
+    """Layout of a CSR mask, canonicalised in row chunks."""
+
+    def chunks():
+        for i in range(0, q_len, chunk_rows):
+            j = min(q_len, i + chunk_rows)
+            p = indptr[i : j + 1]
+            yield runs_from_csr(p - p[0], cols[p[0] : p[-1]])
+
+    return from_row_chunks(q_len, kv_len, chunks(), block=block)
+
+
+def transpose(layout: ACSR) -> ACSR:
+    """ACSR of the transposed (``kv_len x q_len``) mask."""
+    indptr, cols = to_csr(layout)
+    rows = np.repeat(np.arange(layout.q_len), np.diff(indptr))
+    order = np.lexsort((rows, cols))
+    t_indptr = np.zeros(layout.kv_len + 1, np.int64)
+    np.cumsum(np.bincount(cols, minlength=layout.kv_len), out=t_indptr[1:])
+    block = (
+        (layout.residual.block_kv, layout.residual.block_q) if layout.residual is not None else DEFAULT_BLOCK
+    )
+    return from_csr(layout.kv_len, layout.q_len, t_indptr, rows[order], block=block)
+
+
+def validate(layout: ACSR) -> None:
+    """Raises :class:`LayoutError` naming the first broken invariant."""
+    q, kv = layout.q_len, layout.kv_len
+    if len(layout.segments) > MAX_SEGMENTS:
+        raise LayoutError(f"{len(layout.segments)} segments; at most {MAX_SEGMENTS} allowed")
+    for k, s in enumerate(layout.segments):
+        for name in ("base", "stride", "count"):
+            a = getattr(s, name)
+            if a.shape != (q,):
+                raise LayoutError(f"segment {k}: {name} has shape {a.shape}, expected ({q},)")
+        if np.any(s.count < 0):
+            raise LayoutError(f"segment {k}: negative count at row {int(np.argmax(s.count < 0))}")
+        if np.any(s.stride < 1):
+            raise LayoutError(f"segment {k}: stride < 1 at row {int(np.argmax(s.stride < 1))}")
+        bad = (s.count > 0) & ((s.base < 0) | (s.end() > kv))
+        if np.any(bad):
+            r = int(np.argmax(bad))
+            raise LayoutError(
+                f"segment {k}: row {r} columns [{s.base[r]}, {s.end()[r]}) leave [0, {kv})"
+            )
+        if np.any((s.count == 0) & (s.base != 0)) or np.any((s.count <= 1) & (s.stride != 1)):
+            raise LayoutError(f"segment {k}: padding not canonical (empty rows need base 0, short rows stride 1)")
+        if s.closed_form is not None:
+            b, st, c = s.closed_form.evaluate(q)
+            if not (np.array_equal(b, s.base) and np.array_equal(st, s.stride) and np.array_equal(c, s.count)):
+                raise LayoutError(f"segment {k}: closed form disagrees with its per-row arrays")
+    r = layout.residual
+    if r is not None:
+        n_qb = -(-q // r.block_q)
+        if r.kv_blocks.shape[0] != n_qb or r.bits.shape != (n_qb, r.max_blocks, r.block_q, r.block_kv):
+            raise LayoutError(f"residual: arrays do not match {n_qb} row blocks of {r.block_q}x{r.block_kv}")
+        used = np.arange(r.max_blocks) < r.num_blocks[:, None]
+        if np.any((r.kv_blocks >= 0) != used):
+            raise LayoutError("residual: kv_blocks must hold num_blocks entries then -1 padding")
+        if np.any(r.bits[~used]):
+            raise LayoutError("residual: padding blocks have bits set")
+        if np.any((np.diff(r.kv_blocks.astype(np.int64), axis=1) <= 0) & used[:, 1:]):
+            raise LayoutError("residual: kv_blocks must be strictly ascending within a row block")
+    indptr, cols = to_csr(layout)
+    if cols.size and (cols.min() < 0 or cols.max() >= kv):
+        raise LayoutError(f"columns outside [0, {kv})")
+    rows = np.repeat(np.arange(q), np.diff(indptr))
+    if np.unique(rows.astype(np.int64) * kv + cols).size != cols.size:
+        raise LayoutError("segments and residual overlap: a (row, column) is stored twice")
+    if layout.residual is None:
+        again = from_csr(q, kv, indptr, cols)
+        if again != layout:
+            raise LayoutError("segments are not the canonical decomposition of their mask")

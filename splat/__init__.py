@@ -1,0 +1,19 @@
+"""splat: sparse regular attention for JAX.
+
+Masks are analyzed just in time into ACSR layouts (affine-compressed sparse
+row); on CUDA, generated Triton kernels run them, elsewhere a pure-JAX backend.
+
+Example:
+  >>> import jax, jax.numpy as jnp, splat
+  >>> q = k = v = jax.random.normal(jax.random.key(0), (1, 64, 2, 16))
+  >>> out = splat.attention(q, k, v, mask=splat.masks.sliding_window(8))
+  >>> out.shape
+  (1, 64, 2, 16)
+"""
+
+from splat import masks
+from splat._analyzer import Report, analyze, report
+
+__version__ = "0.1.0"
+
+__all__ = ["Report", "analyze", "masks", "report", "__version__"]

@@ -1,0 +1,175 @@
+"""The just-in-time analyzer: anything a user passes as ``mask=`` -> an ACSR layout + report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+import acsr
+from acsr import ACSR
+from splat import masks as _masks
+
+# tile shape the report rates layouts against (the fused kernels' usual row x key tile)
+_REPORT_TILE = (128, 64)
+
+
+def _as_mask(mask) -> _masks.Mask | None:
+    """Mask value for ``mask``, or None when it is already a layout."""
+    if mask is None:
+        return _masks.full()
+    if isinstance(mask, _masks.Mask):
+        return mask
+    if isinstance(mask, ACSR):
+        return None
+    if callable(mask) and not hasattr(mask, "shape"):
+        return _masks.from_fn(mask)
+    if hasattr(mask, "shape"):
+        a = mask
+        if hasattr(a, "aval") and type(a).__name__.endswith("Tracer"):
+            raise TypeError(
+                "mask is a traced jax value; splat needs the mask at trace time. Build it from "
+                "splat.masks, a numpy array, or a jnp array computed outside jit"
+            )
+        a = np.asarray(a)
+        while a.ndim > 2 and a.shape[0] == 1:
+            a = a[0]
+        if a.ndim != 2:
+            raise ValueError(
+                f"mask array must be [q_len, kv_len] (leading axes of size 1 allowed), got shape {np.shape(mask)}"
+            )
+        return _masks.from_array(a)
+    raise TypeError(
+        f"mask must be a splat.masks.Mask, a boolean array, a function f(q_idx, kv_idx), an acsr.ACSR "
+        f"or None; got {type(mask).__name__}"
+    )
+
+
+def analyze(mask, q_len: int | None = None, kv_len: int | None = None, *, block=acsr.DEFAULT_BLOCK) -> ACSR:
+    """The ACSR layout of ``mask`` for ``q_len`` queries and ``kv_len`` keys.
+
+    Args:
+      mask: a :class:`splat.masks.Mask`, a boolean ``[q_len, kv_len]`` array
+        (numpy or concrete jax), a vectorised function ``f(q_idx, kv_idx)``,
+        an :class:`acsr.ACSR` (checked and returned), or None (full attention).
+      q_len, kv_len: sizes; taken from the array or layout when omitted;
+        ``kv_len`` defaults to ``q_len``.
+      block: ``(block_q, block_kv)`` of the residual, for masks that need one.
+
+    Returns:
+      The layout; equal masks give equal (and cached) layouts.
+
+    Example:
+      >>> import splat
+      >>> layout = splat.analyze(splat.masks.sliding_window(1), q_len=5)
+      >>> layout.nnz
+      13
+    """
+    m = _as_mask(mask)
+    if m is None:
+        for name, want, got in (("q_len", q_len, mask.q_len), ("kv_len", kv_len, mask.kv_len)):
+            if want is not None and want != got:
+                raise ValueError(f"layout is {mask.q_len} x {mask.kv_len} but {name}={want} was asked for")
+        return mask
+    if isinstance(m, _masks.FromArray):
+        return m.to_acsr(q_len, kv_len, block=block)
+    if q_len is None:
+        raise ValueError("q_len is required for masks without a fixed size (constructors and functions)")
+    return m.to_acsr(q_len, kv_len, block=block)
+
+
+@dataclass(frozen=True)
+class SegmentReport:
+    stride: int | None
+    width: int
+    nnz: int
+    closed_form: str | None
+
+
+@dataclass(frozen=True)
+class Report:
+    """What the analyzer found in a mask."""
+
+    family: str
+    q_len: int
+    kv_len: int
+    nnz: int
+    density: float
+    empty_rows: int
+    segments: tuple[SegmentReport, ...]
+    residual_blocks: int
+    tile_efficiency: float
+
+    def to_string(self) -> str:
+        lines = [
+            f"mask        {self.family}",
+            f"shape       {self.q_len} x {self.kv_len}",
+            f"nonzeros    {self.nnz} (density {self.density:.4%}), {self.empty_rows} empty rows",
+            f"tile use    {self.tile_efficiency:.1%} of the work in {_REPORT_TILE[0]}x{_REPORT_TILE[1]} "
+            "(row x compressed key) tiles is useful",
+        ]
+        for k, s in enumerate(self.segments):
+            stride = "varies" if s.stride is None else s.stride
+            law = s.closed_form or "none (per-row arrays)"
+            lines.append(f"segment {k}   stride {stride}, width {s.width}, {s.nnz} nonzeros; closed form: {law}")
+        if self.residual_blocks:
+            lines.append(f"residual    {self.residual_blocks} blocks (block-sparse, irregular part)")
+        return "\n".join(lines)
+
+    def __str__(self):
+        return self.to_string()
+
+
+def _tile_efficiency(layout: ACSR) -> float:
+    """Useful fraction of the work over row-block x key-span tiles, segments in compressed key space."""
+    bm, bn = _REPORT_TILE
+    work = 0
+    nb = -(-layout.q_len // bm)
+    pad = nb * bm - layout.q_len
+    far = np.iinfo(np.int64).max // 2
+    for s in layout.segments:
+        c = s.count.astype(np.int64)
+        lo = s.base.astype(np.int64) // np.maximum(s.stride.astype(np.int64), 1)  # compressed key index
+        hi = np.pad(lo + c, (0, pad)).reshape(nb, bm).max(1)
+        lo = np.pad(np.where(c > 0, lo, far), (0, pad), constant_values=far).reshape(nb, bm).min(1)
+        span = np.maximum(hi - lo, 0)
+        work += int((-(-span // bn) * bn * bm).sum())
+    if layout.residual is not None:
+        r = layout.residual
+        work += int(r.num_blocks.sum()) * r.block_q * r.block_kv
+    return layout.nnz / work if work else 1.0
+
+
+def report(mask, q_len: int | None = None, kv_len: int | None = None) -> Report:
+    """A :class:`Report` of the layout splat builds for ``mask`` (arguments as :func:`analyze`)."""
+    layout = analyze(mask, q_len, kv_len)
+    m = _as_mask(mask)
+    if m is not None and not isinstance(m, (_masks.FromArray, _masks.FromFn)):
+        family = repr(m)
+    elif layout.residual is not None:
+        family = "irregular (block-sparse residual)"
+    else:
+        strides = {s.uniform_stride for s in layout.segments}
+        kind = "strided/dilated" if strides - {1} else "contiguous"
+        family = f"{kind}, {len(layout.segments)} segment(s) (found in {'array' if m is not None else 'layout'})"
+    rc = layout.row_counts()
+    segs = tuple(
+        SegmentReport(
+            s.uniform_stride,
+            s.width,
+            int(s.count.sum()),
+            s.closed_form.to_string() if s.closed_form is not None else None,
+        )
+        for s in layout.segments
+    )
+    return Report(
+        family=family,
+        q_len=layout.q_len,
+        kv_len=layout.kv_len,
+        nnz=int(rc.sum()),
+        density=layout.density(),
+        empty_rows=int((rc == 0).sum()),
+        segments=segs,
+        residual_blocks=0 if layout.residual is None else int(layout.residual.num_blocks.sum()),
+        tile_efficiency=_tile_efficiency(layout),
+    )
