@@ -6,7 +6,7 @@ import numpy as np
 
 from acsr._format import ACSR, MAX_SEGMENTS, BlockResidual, LayoutError, Segment
 from acsr._law import _canonical, fit_closed_form
-from acsr._runs import csr_from_runs, runs_from_csr, runs_from_dense
+from acsr._runs import csr_from_runs, merge_intervals, runs_from_csr, runs_from_dense
 
 DEFAULT_BLOCK = (64, 64)
 
@@ -187,8 +187,107 @@ def from_csr(q_len: int, kv_len: int, indptr, cols, *, block=DEFAULT_BLOCK, chun
     return from_row_chunks(q_len, kv_len, chunks(), block=block)
 
 
+def _segment_transpose(seg, q_len: int, kv_len: int):
+    """Per-column row progressions ``(base, stride, count)`` ``[kv_len]`` of one segment's transpose.
+
+    Needs a uniform stride ``s`` whose phase follows the row (``base[r] - r`` is
+    constant mod ``s``) and, within each class of rows ``r = p (mod s)``,
+    non-empty rows forming one run with non-decreasing ``base`` and ``end``:
+    then the rows that hit a column form one progression. Returns None otherwise.
+    """
+    s = seg.uniform_stride
+    nonempty = np.flatnonzero(seg.count > 0)
+    if s is None or nonempty.size == 0:
+        return None if s is None else (np.zeros(kv_len, np.int64),) * 3
+    base = seg.base.astype(np.int64)
+    end = seg.end()
+    phase = np.unique((base[nonempty] - nonempty) % s)
+    if phase.size != 1:
+        return None
+    phi = int(phase[0])
+    t_base = np.zeros(kv_len, np.int64)
+    t_count = np.zeros(kv_len, np.int64)
+    for p in range(min(s, q_len)):
+        rows = np.arange(p, q_len, s)
+        ne = np.flatnonzero(seg.count[rows] > 0)
+        if ne.size == 0:
+            continue
+        if ne[-1] - ne[0] + 1 != ne.size:
+            return None
+        rows = rows[ne[0] : ne[-1] + 1]
+        b, e = base[rows], end[rows]
+        if np.any(np.diff(b) < 0) or np.any(np.diff(e) < 0):
+            return None
+        cols = np.arange((p + phi) % s, kv_len, s)
+        lo = np.searchsorted(e, cols, side="right")  # first row whose end passes c
+        hi = np.searchsorted(b, cols, side="right")  # rows whose base is <= c
+        n = np.maximum(hi - lo, 0)
+        t_base[cols] = np.where(n > 0, rows[np.minimum(lo, rows.size - 1)], 0)
+        t_count[cols] = n
+    return t_base, np.full(kv_len, s, np.int64), t_count
+
+
+_MAX_RANGES = 8  # monotone row ranges per segment the analytic transpose handles
+
+
+def _interval_transpose(seg, kv_len: int):
+    """Per-column row intervals ``[lo, hi)`` of a stride-1 segment's transpose, one pair of
+    ``[kv_len]`` arrays per range of rows on which ``base`` and ``end`` do not decrease."""
+    rows = np.flatnonzero(seg.count > 0)
+    base, end = seg.base.astype(np.int64)[rows], seg.end()[rows]
+    cut = np.flatnonzero((np.diff(rows) != 1) | (np.diff(base) < 0) | (np.diff(end) < 0)) + 1
+    if cut.size >= _MAX_RANGES:
+        return None
+    cols = np.arange(kv_len)
+    parts = []
+    for r, b, e in zip(np.split(rows, cut), np.split(base, cut), np.split(end, cut)):
+        lo = r[0] + np.searchsorted(e, cols, side="right")
+        hi = r[0] + np.searchsorted(b, cols, side="right")
+        parts.append((lo, np.maximum(hi, lo)))
+    return parts
+
+
+def _fast_transpose(layout: ACSR) -> ACSR | None:
+    if layout.residual is not None or not layout.segments:
+        return None
+    q_len, kv_len = layout.q_len, layout.kv_len
+    if len(layout.segments) == 1 and layout.segments[0].uniform_stride != 1:
+        part = _segment_transpose(layout.segments[0], q_len, kv_len)
+        if part is None:
+            return None
+        b, st, c = part
+        return from_runs(kv_len, q_len, b[:, None], np.where(c > 1, st, 1)[:, None], c[:, None])
+    parts = []
+    for seg in layout.segments:
+        if seg.uniform_stride != 1:
+            return None
+        p = _interval_transpose(seg, kv_len)
+        if p is None:
+            return None
+        parts += p
+    if not parts:
+        return from_runs(kv_len, q_len, *(np.zeros((kv_len, 0), np.int64),) * 3)
+    merged = merge_intervals(np.stack([p[0] for p in parts], 1), np.stack([p[1] for p in parts], 1))
+    if merged is None:
+        return None
+    b, c = merged
+    return from_runs(kv_len, q_len, b, np.ones_like(b), c)
+
+
 def transpose(layout: ACSR) -> ACSR:
-    """ACSR of the transposed (``kv_len x q_len``) mask."""
+    """ACSR of the transposed (``kv_len x q_len``) mask.
+
+    Analytic for segments with monotone bounds (windows, causal, block-local,
+    dilated and strided patterns and their unions); exact O(nnz) enumeration
+    otherwise. Both give the same canonical layout.
+    """
+    fast = _fast_transpose(layout)
+    if fast is not None:
+        return fast
+    return _enumerated_transpose(layout)
+
+
+def _enumerated_transpose(layout: ACSR) -> ACSR:
     indptr, cols = to_csr(layout)
     rows = np.repeat(np.arange(layout.q_len), np.diff(indptr))
     order = np.lexsort((rows, cols))

@@ -145,3 +145,19 @@ def test_repr_and_to_string_are_readable():
     assert repr(layout).startswith("ACSR(8x8, nnz=36")
     text = layout.to_string()
     assert "segment 0" in text and "#" in text
+
+
+def test_analytic_transpose_equals_enumeration():
+    from acsr._build import _enumerated_transpose, _fast_transpose
+    from splat import catalogue, masks
+
+    extra = [masks.causal() & masks.dilated_window(12, 2), masks.sliding_window(3, 40), masks.sink(1) | masks.causal()]
+    used = 0
+    for m in [*catalogue.SMALL.values(), *extra]:
+        for shape in [(97, 97), (60, 131), (131, 60), (1, 9)]:
+            layout = m.to_acsr(*shape)
+            fast = _fast_transpose(layout)
+            if fast is not None:
+                used += 1
+                assert fast == _enumerated_transpose(layout), (m, shape)
+    assert used >= 40  # the analytic path really covers the catalogue
