@@ -32,34 +32,43 @@ def runs_from_csr(indptr: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, 
       stride 1.
     """
     n = indptr.shape[0] - 1
-    nnz = int(indices.shape[0])
-    if nnz == 0:
-        z = np.zeros((n, 0), np.int64)
-        return z, z + 1, z
     cols = indices.astype(np.int64)
     row = np.repeat(np.arange(n), np.diff(indptr))
-    same_next = np.zeros(nnz, bool)
-    same_next[:-1] = row[1:] == row[:-1]
-    step = np.zeros(nnz, np.int64)  # cols[i + 1] - cols[i] where in-row
-    step[:-1] = cols[1:] - cols[:-1]
-    right = same_next & (step == 1)
-    left = np.zeros(nnz, bool)
-    left[1:] = right[:-1]
-    contiguous = left | right
+    # maximal stride-1 runs: a new one starts where the left neighbour is absent
+    new = np.ones(cols.size, bool)
+    new[1:] = (row[1:] != row[:-1]) | (cols[1:] != cols[:-1] + 1)
+    first = np.flatnonzero(new)
+    length = np.diff(np.append(first, cols.size))
+    return _canonical_runs(n, row[first], cols[first], length)
 
-    # contiguous runs: start where the left neighbour is absent
-    c_start = np.flatnonzero(contiguous & ~left)
-    c_end = np.flatnonzero(contiguous & ~right)  # inclusive ends, aligned with starts
-    run_row = [row[c_start]]
-    run_base = [cols[c_start]]
-    run_stride = [np.ones(c_start.size, np.int64)]
-    run_count = [c_end - c_start + 1]
 
-    # isolated columns: greedy equal-difference grouping within each row
-    iso = np.flatnonzero(~contiguous)
-    if iso.size:
-        ir, ic = row[iso], cols[iso]
-        m = iso.size
+def runs_from_dense(chunk: np.ndarray):
+    """Canonical runs of each row of a boolean ``[n, kv_len]`` chunk.
+
+    Reads only the run boundaries (where a row changes value), never a list of
+    all nonzeros.
+    """
+    n, kv = chunk.shape
+    padded = np.zeros((n, kv + 2), bool)
+    padded[:, 1:-1] = chunk
+    rows, pos = np.nonzero(padded[:, 1:] != padded[:, :-1])  # alternating run starts and ends per row
+    return _canonical_runs(n, rows[0::2], pos[0::2], pos[1::2] - pos[0::2])
+
+
+def _canonical_runs(n: int, row: np.ndarray, start: np.ndarray, length: np.ndarray):
+    """Canonical runs from each row's maximal stride-1 runs (ascending within rows)."""
+    if row.size == 0:
+        z = np.zeros((n, 0), np.int64)
+        return z, z + 1, z
+    row, start, length = row.astype(np.int64), start.astype(np.int64), length.astype(np.int64)
+    long = length >= 2
+    run_row, run_base = [row[long]], [start[long]]
+    run_stride, run_count = [np.ones(int(long.sum()), np.int64)], [length[long]]
+
+    # isolated columns (runs of one): greedy equal-difference grouping within each row
+    ir, ic = row[~long], start[~long]
+    m = ir.size
+    if m:
         has_next = np.zeros(m, bool)
         has_next[:-1] = ir[1:] == ir[:-1]
         d = np.zeros(m, np.int64)
@@ -77,10 +86,10 @@ def runs_from_csr(indptr: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, 
         starts = np.flatnonzero(first_of_row)
         s_list, c_list = [], []
         while starts.size:
-            length = same_len[starts] + 1  # elements in this run
+            take = same_len[starts] + 1  # elements in this run
             s_list.append(starts)
-            c_list.append(length)
-            nxt = starts + length
+            c_list.append(take)
+            nxt = starts + take
             ok = nxt < m
             ok[ok] = ir[nxt[ok]] == ir[starts[ok]]
             starts = nxt[ok]
@@ -107,14 +116,6 @@ def runs_from_csr(indptr: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, 
     count = np.zeros((n, k_max), np.int64)
     base[rr, slot], stride[rr, slot], count[rr, slot] = rb, rs, rc
     return base, stride, count
-
-
-def runs_from_dense(chunk: np.ndarray):
-    """Canonical runs of each row of a boolean ``[n, kv_len]`` chunk."""
-    rows, cols = np.nonzero(chunk)
-    indptr = np.zeros(chunk.shape[0] + 1, np.int64)
-    np.cumsum(np.bincount(rows, minlength=chunk.shape[0]), out=indptr[1:])
-    return runs_from_csr(indptr, cols)
 
 
 def csr_from_runs(base: np.ndarray, stride: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
