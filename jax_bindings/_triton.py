@@ -1,0 +1,143 @@
+"""The Triton backend: generated kernels as JAX custom calls (jax-triton).
+
+Implements the backend contract of :mod:`jax_bindings._dispatch` (which adds
+``custom_vjp`` and ``custom_vmap``). Every function runs at trace time:
+it derives a :class:`splat._codegen.KernelSpec` from the static ``layout`` and
+the shapes, loads the generated kernel (cached by spec) and binds it with
+``jax_triton.triton_call``. Per-row metadata (arrays of segments without a
+closed form, the stride-phase row permutation, the residual's block lists)
+goes in as extra operands, constants of the traced program.
+
+Importing this module needs ``triton`` and ``jax_triton`` and a CUDA JAX; it
+raises ImportError otherwise (the dispatcher then uses the ``"jax"`` backend).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from acsr import ACSR
+from splat import _codegen as cg
+
+try:
+    import jax_triton as _jt
+    import triton as _triton  # noqa: F401
+except Exception as e:  # jax_triton raises more than ImportError on CPU-only JAX
+    raise ImportError(
+        f"the triton backend needs triton and jax_triton on a CUDA JAX ({type(e).__name__}: {e})"
+    ) from e
+
+
+class UnsupportedError(NotImplementedError, ValueError):
+    """This call (head dim, dtype, layout) has no Triton kernel; use backend="jax"."""
+
+
+def _supported(fn, *args, **kw) -> cg.Call:
+    try:
+        return fn(*args, **kw)
+    except (ValueError, TypeError) as e:
+        raise UnsupportedError(str(e)) from e
+
+
+def _run(call: cg.Call, *data) -> list[jax.Array]:
+    out_shape = [jax.ShapeDtypeStruct(s, jnp.dtype(d)) for s, d in call.out]
+    outs = _jt.triton_call(
+        *data,
+        *(jnp.asarray(m) for m in call.meta),
+        kernel=call.kernel,
+        out_shape=out_shape,
+        grid=call.grid,
+        num_warps=call.num_warps,
+        num_stages=call.num_stages,
+        **call.constexprs,
+    )
+    return list(outs) if isinstance(outs, (list, tuple)) else [outs]
+
+
+def _dtype(x) -> str:
+    return jnp.dtype(x.dtype).name
+
+
+def _group_sum(x: jax.Array, hkv: int, dtype) -> jax.Array:
+    """``[B, S, H, D]`` -> ``[B, S, Hkv, D]`` summing the query heads of each KV head."""
+    B, S, H, D = x.shape
+    if H == hkv:
+        return x.astype(dtype)
+    return x.astype(jnp.float32).reshape(B, S, hkv, H // hkv, D).sum(3).astype(dtype)
+
+
+def _transpose_values(vals: jax.Array, layout: ACSR) -> jax.Array:
+    """Values ``[B, H, Sq, N]`` of ``layout`` -> ``[B, H, Skv, N_T]`` of its transpose."""
+    idx = cg.transpose_slots(layout)
+    B, H, Sq, N = vals.shape
+    flat = jnp.concatenate([vals.reshape(B, H, Sq * N), jnp.zeros((B, H, 1), vals.dtype)], axis=2)
+    idx_j = jnp.asarray(idx.reshape(-1).astype(np.int32 if idx.max(initial=0) < 2**31 else np.int64))
+    return jnp.take(flat, idx_j, axis=2).reshape(B, H, *idx.shape)
+
+
+# -- fused attention -------------------------------------------------------------
+
+
+def attention_fwd(q, k, v, layout: ACSR, scale: float):
+    """``(out [B, Sq, H, D], lse [B, H, Sq] float32)`` from the fused forward kernel."""
+    call = _supported(cg.fwd_call, layout, q.shape, k.shape, _dtype(q), scale)
+    out, lse = _run(call, q, k, v.astype(q.dtype))
+    return out, lse
+
+
+def attention_bwd(q, k, v, out, lse, dout, layout: ACSR, scale: float):
+    """``(dq, dk, dv)`` from the fused backward kernels (dq over ``layout``, dk/dv over its transpose)."""
+    dt = q.dtype
+    kd, vd = k.dtype, v.dtype
+    cq, ck = _supported(cg.bwd_calls, layout, q.shape, k.shape, _dtype(q), scale)
+    k, v, dout, lse = k.astype(dt), v.astype(dt), dout.astype(dt), lse.astype(jnp.float32)
+    dq, delta = _run(cq, q, k, v, dout, out.astype(dt), lse)  # delta = rowsum(dout * out), in-kernel
+    dk, dv = _run(ck, q, k, v, dout, lse, delta)
+    return dq, dk.astype(kd), dv.astype(vd)
+
+
+# -- unfused ops -------------------------------------------------------------------
+
+
+def sddmm(q, k, layout: ACSR):
+    """Scores ``[B, H, Sq, N]`` in q's dtype (no scale; padding 0)."""
+    (s,) = _run(_supported(cg.sddmm_call, layout, q.shape, k.shape, _dtype(q)), q, k.astype(q.dtype))
+    return s
+
+
+def softmax(scores, layout: ACSR, scale: float):
+    """Row softmax of ``scale * scores`` over each row's valid slots."""
+    (p,) = _run(_supported(cg.softmax_call, layout, scores.shape, _dtype(scores), scale), scores)
+    return p
+
+
+def spmm(probs, v, layout: ACSR):
+    """``probs . v`` -> ``[B, Sq, H, D]`` in v's dtype."""
+    (o,) = _run(_supported(cg.spmm_call, layout, probs.shape, v.shape, _dtype(v)), probs, v)
+    return o
+
+
+def sddmm_bwd(q, k, ds, layout: ACSR):
+    """``dq = ds . k`` over ``layout``; ``dk = ds^T . q`` over the transposed layout."""
+    dq = spmm(ds, k.astype(q.dtype), layout).astype(q.dtype)
+    dst = _transpose_values(ds, layout)
+    dk = spmm(dst, q, cg.transposed(layout))
+    return dq, _group_sum(dk, k.shape[2], k.dtype)
+
+
+def softmax_bwd(probs, dprobs, layout: ACSR, scale: float):
+    """``scale * p * (dp - sum(p * dp))`` per row (0 at padding, where p is 0)."""
+    p = probs.astype(jnp.float32)
+    dp = dprobs.astype(jnp.float32)
+    ds = scale * p * (dp - jnp.sum(p * dp, axis=-1, keepdims=True))
+    return ds.astype(probs.dtype)
+
+
+def spmm_bwd(probs, v, dout, layout: ACSR):
+    """``dprobs = dout . v^T`` at the mask (SDDMM); ``dv = probs^T . dout`` over the transpose."""
+    dp = sddmm(dout.astype(v.dtype), v, layout).astype(probs.dtype)
+    pt = _transpose_values(probs, layout)
+    dv = spmm(pt, dout.astype(v.dtype), cg.transposed(layout))
+    return dp, _group_sum(dv, v.shape[2], v.dtype)

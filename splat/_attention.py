@@ -1,0 +1,273 @@
+"""Public sparse attention and the unfused sparse ops: input checks, then the backend seam."""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from acsr import ACSR
+from jax_bindings import _dispatch
+
+_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+_DTYPE_NAMES = "float32, bfloat16 or float16"
+
+
+# -----------------------------------------------------------------------------
+# checks
+# -----------------------------------------------------------------------------
+
+
+def _array(name: str, x, form: str, ndim: int, *, slots: bool = False):
+    """Checks an array argument; ``slots``: its last axis is ``nnz_max``, which may be 0."""
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise TypeError(f"{name} must be a jax or numpy array {form}, got {type(x).__name__}")
+    if x.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D {form}, got shape {tuple(x.shape)}")
+    if any(n == 0 for n in (x.shape[:-1] if slots else x.shape)):
+        raise ValueError(f"{name} must have no empty axis {form}, got shape {tuple(x.shape)}")
+    if jnp.dtype(x.dtype) not in [jnp.dtype(d) for d in _DTYPES]:
+        raise TypeError(f"{name} must have dtype {_DTYPE_NAMES}, got {x.dtype}")
+    return x
+
+
+def _same_dtype(names: tuple[str, ...], arrays) -> None:
+    dtypes = [jnp.dtype(a.dtype) for a in arrays]
+    if len(set(dtypes)) > 1:
+        got = ", ".join(f"{n}={d}" for n, d in zip(names, dtypes, strict=True))
+        raise TypeError(f"{', '.join(names)} must share one dtype, got {got}; cast them first")
+
+
+def _check_qk(qname: str, q, kname: str, k) -> None:
+    """q: [B, Sq, H, D] against k: [B, Skv, Hk, D]."""
+    if k.shape[0] != q.shape[0]:
+        raise ValueError(f"{kname} batch {k.shape[0]} != {qname} batch {q.shape[0]} (axis 0 of [B, S, H, D])")
+    if k.shape[3] != q.shape[3]:
+        raise ValueError(
+            f"{kname} head dim {k.shape[3]} != {qname} head dim {q.shape[3]} (axis 3 of [B, S, H, D])"
+        )
+    if q.shape[2] % k.shape[2]:
+        raise ValueError(
+            f"{kname} has {k.shape[2]} heads, which must divide the {q.shape[2]} query heads "
+            "(GQA/MQA: query head h reads KV head h // (H // Hk))"
+        )
+
+
+def _check_scale(scale, default: float) -> float:
+    if scale is None:
+        return default
+    if isinstance(scale, jax.core.Tracer):
+        raise TypeError("scale must be a static Python number, not a traced value")
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real | np.ndarray | jax.Array):
+        raise TypeError(f"scale must be a positive finite number, got {type(scale).__name__}")
+    try:
+        s = float(scale)
+    except TypeError as e:
+        raise TypeError(f"scale must be a positive finite number, got {scale!r}") from e
+    if not (math.isfinite(s) and s > 0):
+        raise ValueError(f"scale must be a positive finite number, got {s}")
+    return s
+
+
+def _layout(mask, q_len: int, kv_len: int) -> ACSR:
+    """The ACSR layout for ``mask=`` (None = full) and these sizes."""
+    from splat._analyzer import analyze
+
+    if isinstance(mask, jax.core.Tracer):
+        raise TypeError(
+            "mask is a traced jax value; splat needs the mask at trace time. Build it from "
+            "splat.masks, a numpy array, or a jax array computed outside jit"
+        )
+    if hasattr(mask, "shape") and hasattr(mask, "dtype") and not isinstance(mask, ACSR):
+        if np.dtype(mask.dtype) != np.bool_:
+            raise TypeError(f"mask array must be boolean, got dtype {mask.dtype}")
+        shape = tuple(mask.shape)
+        core = shape[-2:] if len(shape) >= 2 and all(n == 1 for n in shape[:-2]) else None
+        if core != (q_len, kv_len):
+            raise ValueError(
+                f"mask array must have shape (q_len, kv_len) = ({q_len}, {kv_len}) "
+                f"(leading axes of size 1 allowed), got {shape}"
+            )
+    if isinstance(mask, ACSR) and mask.shape != (q_len, kv_len):
+        raise ValueError(
+            f"mask layout is {mask.q_len} x {mask.kv_len} but the attention is "
+            f"{q_len} x {kv_len} (q_len x kv_len)"
+        )
+    return analyze(mask, q_len, kv_len)
+
+
+def _check_layout(name: str, layout) -> ACSR:
+    if not isinstance(layout, ACSR):
+        raise TypeError(
+            f"{name} must be an acsr.ACSR layout (build one with splat.analyze(mask, q_len, kv_len)), "
+            f"got {type(layout).__name__}"
+        )
+    return layout
+
+
+# -----------------------------------------------------------------------------
+# public API
+# -----------------------------------------------------------------------------
+
+
+def attention(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    mask=None,
+    *,
+    scale: float | None = None,
+    backend: str = "auto",
+) -> jax.Array:
+    """Sparse multi-head attention: ``softmax(scale * q k^T, masked) v``.
+
+    Works under ``jax.jit``, ``jax.vmap`` and ``jax.grad``; the mask must be
+    known at trace time. A query row whose mask row is empty outputs 0 (and
+    gets zero gradients).
+
+    Args:
+      query: ``[B, Sq, H, D]``, float32, bfloat16 or float16.
+      key: ``[B, Skv, Hk, D]``, same dtype; ``Hk`` divides ``H`` (GQA/MQA:
+        query head ``h`` reads key head ``h // (H // Hk)``).
+      value: ``[B, Skv, Hk, D]``, like ``key``.
+      mask: None (full attention), a :class:`splat.masks.Mask`, a boolean
+        ``[Sq, Skv]`` array, a function ``f(q_idx, kv_idx)``, or an
+        :class:`acsr.ACSR` layout; ``True`` = attend.
+      scale: positive multiplier of the scores; default ``1 / sqrt(D)``.
+      backend: ``"auto"`` (Triton on a CUDA GPU, else pure JAX), ``"jax"``
+        or ``"triton"``.
+
+    Returns:
+      ``[B, Sq, H, D]`` in the dtype of ``query``.
+
+    Example:
+      >>> import jax, splat
+      >>> q, k, v = jax.random.normal(jax.random.key(0), (3, 1, 128, 4, 32))
+      >>> out = splat.attention(q, k, v, mask=splat.masks.sliding_window(16, 0))
+      >>> out.shape
+      (1, 128, 4, 32)
+    """
+    _dispatch.check_backend(backend)
+    names = ("query", "key", "value")
+    q, k, v = (_array(n, x, "[B, S, H, D]", 4) for n, x in zip(names, (query, key, value), strict=True))
+    _same_dtype(names, (q, k, v))
+    if k.shape != v.shape:
+        raise ValueError(
+            f"key and value must have the same shape [B, Skv, Hk, D], got {k.shape} and {v.shape}"
+        )
+    _check_qk("query", q, "key", k)
+    s = _check_scale(scale, 1.0 / math.sqrt(q.shape[3]))
+    layout = _layout(mask, q.shape[1], k.shape[1])
+    return _dispatch.attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), layout, s, backend)
+
+
+def sddmm(q: jax.Array, k: jax.Array, layout: ACSR, *, backend: str = "auto") -> jax.Array:
+    """Sampled dense-dense matmul: the scores ``q . k`` at a layout's nonzeros.
+
+    Args:
+      q: ``[B, Sq, H, D]``, float32, bfloat16 or float16.
+      k: ``[B, Skv, Hk, D]``, same dtype, ``Hk`` divides ``H``.
+      layout: :class:`acsr.ACSR` of shape ``(Sq, Skv)``.
+      backend: ``"auto"``, ``"jax"`` or ``"triton"``.
+
+    Returns:
+      ``scores: [B, H, Sq, layout.nnz_max]`` in q's dtype (unscaled); slot ``t``
+      of row ``i`` is column ``layout.slot_columns()[i, t]``; padding slots are 0.
+
+    Example:
+      >>> import jax, splat
+      >>> q, k = jax.random.normal(jax.random.key(0), (2, 1, 64, 2, 16))
+      >>> layout = splat.analyze(splat.masks.causal(), q_len=64)
+      >>> splat.sddmm(q, k, layout).shape
+      (1, 2, 64, 64)
+    """
+    _dispatch.check_backend(backend)
+    q = _array("q", q, "[B, Sq, H, D]", 4)
+    k = _array("k", k, "[B, Skv, Hk, D]", 4)
+    _same_dtype(("q", "k"), (q, k))
+    _check_qk("q", q, "k", k)
+    layout = _check_layout("layout", layout)
+    if layout.shape != (q.shape[1], k.shape[1]):
+        raise ValueError(
+            f"layout is {layout.q_len} x {layout.kv_len} but q, k give {q.shape[1]} x {k.shape[1]}"
+        )
+    return _dispatch.sddmm(jnp.asarray(q), jnp.asarray(k), layout, backend)
+
+
+def softmax(
+    scores: jax.Array, layout: ACSR, scale: float | None = None, *, backend: str = "auto"
+) -> jax.Array:
+    """Softmax of ``scale * scores`` along each row's valid slots.
+
+    Args:
+      scores: ``[B, H, Sq, layout.nnz_max]`` (from :func:`sddmm`).
+      layout: the :class:`acsr.ACSR` the scores belong to.
+      scale: positive multiplier applied before the softmax; default 1.0
+        (:func:`sddmm` returns unscaled scores, so pass ``1 / sqrt(D)`` to
+        match :func:`attention`).
+      backend: ``"auto"``, ``"jax"`` or ``"triton"``.
+
+    Returns:
+      ``probs`` like ``scores``; padding slots and empty rows are 0.
+
+    Example:
+      >>> import jax, splat
+      >>> layout = splat.analyze(splat.masks.sliding_window(2), q_len=8)
+      >>> s = jax.random.normal(jax.random.key(0), (1, 1, 8, layout.nnz_max))
+      >>> p = splat.softmax(s, layout)
+      >>> bool(abs(p.sum(-1) - 1).max() < 1e-5)
+      True
+    """
+    _dispatch.check_backend(backend)
+    scores = _array("scores", scores, "[B, H, Sq, nnz_max]", 4, slots=True)
+    layout = _check_layout("layout", layout)
+    if scores.shape[2:] != (layout.q_len, layout.nnz_max):
+        raise ValueError(
+            f"scores must be [B, H, {layout.q_len}, {layout.nnz_max}] ([B, H, q_len, nnz_max] of layout), "
+            f"got {tuple(scores.shape)}"
+        )
+    s = _check_scale(scale, 1.0)
+    return _dispatch.softmax(jnp.asarray(scores), layout, s, backend)
+
+
+def spmm(probs: jax.Array, v: jax.Array, layout: ACSR, *, backend: str = "auto") -> jax.Array:
+    """Sparse x dense matmul: ``out[:, i, h] = sum_t probs[:, h, i, t] * v[:, col(i, t), h // G]``.
+
+    Args:
+      probs: ``[B, H, Sq, layout.nnz_max]`` (from :func:`softmax`).
+      v: ``[B, Skv, Hk, D]``, same dtype, ``Hk`` divides ``H``.
+      layout: :class:`acsr.ACSR` of shape ``(Sq, Skv)``.
+      backend: ``"auto"``, ``"jax"`` or ``"triton"``.
+
+    Returns:
+      ``[B, Sq, H, D]`` in v's dtype.
+
+    Example:
+      >>> import jax, splat
+      >>> q, k, v = jax.random.normal(jax.random.key(0), (3, 1, 32, 2, 8))
+      >>> layout = splat.analyze(splat.masks.causal(), q_len=32)
+      >>> p = splat.softmax(splat.sddmm(q, k, layout), layout, scale=8 ** -0.5)
+      >>> out = splat.spmm(p, v, layout)
+      >>> bool(abs(out - splat.attention(q, k, v, mask=layout)).max() < 1e-5)
+      True
+    """
+    _dispatch.check_backend(backend)
+    probs = _array("probs", probs, "[B, H, Sq, nnz_max]", 4, slots=True)
+    v = _array("v", v, "[B, Skv, Hk, D]", 4)
+    _same_dtype(("probs", "v"), (probs, v))
+    layout = _check_layout("layout", layout)
+    if probs.shape[2:] != (layout.q_len, layout.nnz_max):
+        raise ValueError(
+            f"probs must be [B, H, {layout.q_len}, {layout.nnz_max}] ([B, H, q_len, nnz_max] of layout), "
+            f"got {tuple(probs.shape)}"
+        )
+    if v.shape[1] != layout.kv_len:
+        raise ValueError(f"v has {v.shape[1]} keys (axis 1) but layout has kv_len {layout.kv_len}")
+    if v.shape[0] != probs.shape[0]:
+        raise ValueError(f"v batch {v.shape[0]} != probs batch {probs.shape[0]} (axis 0)")
+    if probs.shape[1] % v.shape[2]:
+        raise ValueError(f"v has {v.shape[2]} heads, which must divide the {probs.shape[1]} heads of probs")
+    return _dispatch.spmm(jnp.asarray(probs), jnp.asarray(v), layout, backend)

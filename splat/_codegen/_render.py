@@ -1,0 +1,575 @@
+# ruff: noqa: E501  (lines of generated Triton source are kept whole, for readable output)
+"""Renders Triton source text from a :class:`~splat._codegen._spec.KernelSpec`.
+
+Structure (which segments, their modes, closed-form laws, residual, row
+permutation, shapes) is decided here, in Python, and baked into the text;
+tile sizes and flags stay ``tl.constexpr``. Every op shares one row-block
+walk: per segment, per-row ranges ``[ub, ue)`` in compressed column space,
+the block's key tiles split into partial / full / partial runs (full tiles lie
+inside every row's range and skip masking), then the residual's key blocks.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+from acsr import Law
+from splat._codegen._spec import KernelSpec, SegSpec
+
+_BIG = 2147483647
+
+
+def _law(law: Law, r: str = "rows") -> str:
+    terms = []
+    if law.a:
+        terms.append(f"{law.a} * {r}")
+    if law.b:
+        inner = f"({r} + {law.e})" if law.e else r
+        terms.append(f"{law.b} * ({inner} // {law.div})")
+    terms.append(str(law.c))
+    x = " + ".join(terms)
+    if law.a == 0 and law.b == 0:
+        x = f"tl.full([BLOCK_M], {law.c}, tl.int32)"
+    if law.lo is not None:
+        x = f"tl.maximum({x}, {law.lo})"
+    if law.hi is not None:
+        x = f"tl.minimum({x}, {law.hi})"
+    return x
+
+
+def _rowinfo(k: int, s: SegSpec) -> list[str]:
+    """Lines defining b{k} (first column), n{k} (count) and, if per-row, s{k} (stride)."""
+    L = []
+    if s.source == "arrays":
+        L.append(f"b{k} = tl.load(Base{k} + rows, mask=valid, other=0)")
+        L.append(f"n{k} = tl.load(Cnt{k} + rows, mask=valid, other=0)")
+        if s.stride == 0:
+            L.append(f"s{k} = tl.load(Str{k} + rows, mask=valid, other=1)")
+    else:
+        L.append(f"b{k} = tl.zeros([BLOCK_M], dtype=tl.int32)")
+        L.append(f"n{k} = tl.zeros([BLOCK_M], dtype=tl.int32)")
+        if s.stride == 0:
+            L.append(f"s{k} = tl.full([BLOCK_M], 1, tl.int32)")
+        for p in s.pieces:
+            L.append(
+                f"# rows [{p.row_start}, {p.row_stop}): base = {p.base.to_string()}, end = {p.end.to_string()}"
+            )
+            L.append(f"inp = (rows >= {p.row_start}) & (rows < {p.row_stop})")
+            L.append(f"bp = {_law(p.base)}")
+            L.append(f"ep = {_law(p.end)}")
+            L.append(f"b{k} = tl.where(inp, bp, b{k})")
+            L.append(f"n{k} = tl.where(inp, (tl.maximum(ep - bp, 0) + {p.stride - 1}) // {p.stride}, n{k})")
+            if s.stride == 0:
+                L.append(f"s{k} = tl.where(inp, {p.stride}, s{k})")
+    L.append(f"n{k} = tl.where(valid, n{k}, 0)")
+    return L
+
+
+def _stride_expr(k: int, s: SegSpec) -> str:
+    return f"s{k}" if s.stride == 0 else str(s.stride)
+
+
+def _ranges(k: int, s: SegSpec, split_full: bool = True) -> list[str]:
+    """Lines defining ph{k}, ub{k}, ue{k} and the tile counts fa{k} <= fb{k} <= nt{k}."""
+    L = []
+    if s.mode == "dense":
+        L += [f"ph{k} = 0", f"ub{k} = b{k}", f"ue{k} = b{k} + n{k}"]
+    elif s.mode == "aligned":
+        L += [
+            f"ph{k} = tl.max(tl.where(n{k} > 0, b{k} % {s.stride}, 0), 0)",
+            f"ub{k} = b{k} // {s.stride}",
+            f"ue{k} = ub{k} + n{k}",
+        ]
+    else:
+        L += [
+            f"ph{k} = 0",
+            f"ub{k} = b{k}",
+            f"ue{k} = tl.where(n{k} > 0, b{k} + (n{k} - 1) * {_stride_expr(k, s)} + 1, b{k})",
+        ]
+    L += [
+        f"hi{k} = tl.max(tl.where(n{k} > 0, ue{k}, 0), 0)",
+        f"lo{k} = tl.minimum(tl.min(tl.where(n{k} > 0, ub{k}, {_BIG}), 0), hi{k})",
+        f"nt{k} = (hi{k} - lo{k} + BLOCK_N - 1) // BLOCK_N",
+    ]
+    if s.mode == "modular" or not split_full:
+        pass
+    else:
+        L += [
+            f"flo{k} = tl.max(tl.where(valid, ub{k}, 0), 0)",
+            f"fhi{k} = tl.min(tl.where(valid, ue{k}, {_BIG}), 0)",
+            f"fa{k} = tl.minimum((tl.maximum(flo{k} - lo{k}, 0) + BLOCK_N - 1) // BLOCK_N, nt{k})",
+            f"fb{k} = tl.maximum(fa{k}, tl.minimum(tl.maximum(fhi{k} - lo{k}, 0) // BLOCK_N, nt{k}))",
+        ]
+    return L
+
+
+def _tile_prelude(k: int, s: SegSpec, full: bool, need_slot: bool) -> list[str]:
+    ls = s.stride if s.mode == "aligned" else 1
+    L = [f"u = lo{k} + i * BLOCK_N + offs_n", f"cols = ph{k} + {ls} * u" if ls != 1 else "cols = u"]
+    rel = f"u[None, :] - ub{k}[:, None]"
+    if full:
+        L.append("keep = valid[:, None]")
+    else:
+        cond = f"(u[None, :] >= ub{k}[:, None]) & (u[None, :] < ue{k}[:, None])"
+        if s.mode == "modular":
+            st = f"s{k}[:, None]" if s.stride == 0 else str(s.stride)
+            cond += f" & (({rel}) % {st} == 0)"
+        L.append(f"keep = {cond}")
+    if need_slot:
+        if s.mode == "modular":
+            st = f"s{k}[:, None]" if s.stride == 0 else str(s.stride)
+            L.append(f"slot = {s.slot_offset} + ({rel}) // {st}")
+        else:
+            L.append(f"slot = {s.slot_offset} + {rel}")
+    return L
+
+
+def _walk(spec: KernelSpec, call: str, need_slot: bool, res_call: str | None = None) -> list[str]:
+    """The per-segment tile loops and the residual loop; ``call`` has ``{FULL}``."""
+    L = []
+    for k, s in enumerate(spec.segments):
+        L.append(
+            f"# -- segment {k}: {s.mode}, stride {s.stride or 'per row'}, {s.source}, slots [{s.slot_offset}, +{s.width})"
+        )
+        runs = (("0", f"fa{k}", False), (f"fa{k}", f"fb{k}", True), (f"fb{k}", f"nt{k}", False))
+        if s.mode == "modular" or not spec.split_full:
+            runs = (("0", f"nt{k}", False),)
+        for a, b, full in runs:
+            L.append(f"for i in range({a}, {b}):")
+            body = _tile_prelude(k, s, full, need_slot) + [call.format(FULL=full)]
+            L += ["    " + x for x in body]
+    if spec.residual is not None:
+        r = spec.residual
+        L += [
+            f"# -- residual: {r.block_q}x{r.block_kv} blocks, up to {r.max_blocks} per row block",
+            f"rb = (pid_m * BLOCK_M) // {r.block_q}",
+            f"a0 = (pid_m * BLOCK_M) % {r.block_q}",
+            "nb = tl.load(ResNB + rb)" if res_call is None else f"nb = {r.max_blocks}",
+            f"offs_r = tl.arange(0, {r.block_kv})",
+            "for j in range(0, nb):",
+            f"    kbj = tl.load(ResKB + rb * {r.max_blocks} + j)",
+            f"    cols = tl.maximum(kbj, 0) * {r.block_kv} + offs_r",
+            f"    bits = tl.load(ResBits + ((rb * {r.max_blocks} + j) * {r.block_q} + a0 + offs_m)[:, None] * {r.block_kv}"
+            " + offs_r[None, :], mask=valid[:, None], other=0)",
+            "    keep = (bits != 0) & valid[:, None]",
+        ]
+        if need_slot:
+            L.append(f"    slot = {r.slot_offset} + j * {r.block_kv} + offs_r[None, :] + 0 * offs_m[:, None]")
+        L.append("    " + (res_call or call).format(FULL=False))
+    return L
+
+
+def _rows_prologue(spec: KernelSpec) -> list[str]:
+    if spec.ordered:  # heaviest row blocks first, all heads of one block side by side
+        L = ["pid_bh = tl.program_id(0)", "pid_m = tl.load(Order + tl.program_id(1))"]
+    else:
+        L = ["pid_m = tl.program_id(0)", "pid_bh = tl.program_id(1)"]
+    L += [
+        "offs_m = tl.arange(0, BLOCK_M)",
+        "offs_n = tl.arange(0, BLOCK_N)",
+        "offs_d = tl.arange(0, BLOCK_D)",
+        "pos = pid_m * BLOCK_M + offs_m",
+    ]
+    if spec.permuted:
+        L += ["rows = tl.load(Perm + pos)", "valid = rows >= 0", "rows = tl.where(valid, rows, 0)"]
+    else:
+        L += ["valid = pos < ROWS", "rows = tl.where(valid, pos, 0)"]
+    return L
+
+
+def _segments_rowinfo(spec: KernelSpec) -> list[str]:
+    L = []
+    for k, s in enumerate(spec.segments):
+        L += _rowinfo(k, s) + _ranges(k, s, spec.split_full)
+    return L
+
+
+def _indent(lines: list[str], n: int) -> str:
+    return "\n".join((" " * n + x) if x else x for x in lines)
+
+
+def _asserts(spec: KernelSpec) -> list[str]:
+    L = [
+        "tl.static_assert(BLOCK_N >= 16, 'tl.dot needs tiles of 16 or more')",
+        "tl.static_assert(BLOCK_M >= 16, 'tl.dot needs tiles of 16 or more')",
+    ]
+    if spec.permuted:
+        L.append(
+            f"tl.static_assert(BLOCK_M == {spec.block_m}, 'the row permutation pads phase groups to {spec.block_m}')"
+        )
+    if spec.residual is not None:
+        L.append(
+            f"tl.static_assert({spec.residual.block_q} % BLOCK_M == 0, 'a row block must sit inside one residual block')"
+        )
+    return L
+
+
+def _header(spec: KernelSpec) -> str:
+    q_len, kv_len = (spec.cols, spec.rows) if spec.op == "bwd_dkdv" else (spec.rows, spec.cols)
+    H, HKV, D = spec.num_heads, spec.num_kv_heads, spec.head_dim
+    segs = (
+        "\n".join(
+            f"#   segment {k}: mode={s.mode} stride={s.stride or 'per-row'} source={s.source} width={s.width}"
+            for k, s in enumerate(spec.segments)
+        )
+        or "#   (no segments)"
+    )
+    res = "none" if spec.residual is None else repr(spec.residual)
+    return textwrap.dedent(f"""\
+        # Generated by splat._codegen -- do not edit, do not commit (regenerated from a KernelSpec).
+        # op={spec.op} rows={spec.rows} cols={spec.cols} dtype={spec.dtype} D={D} H={H} HKV={HKV}
+        {{segs}}
+        #   residual: {res}; row permutation: {spec.permuted}
+        #
+        # Glossary
+        #   ROWS, COLS   rows and columns of the ACSR layout the kernel walks (for bwd_dkdv the
+        #                transposed layout: rows are keys, columns are queries)
+        #   Q_LEN/KV_LEN query / key sequence lengths; q, k, v, out are [B, S, heads, D] in place
+        #   GROUP        query heads per key/value head (GQA); head h reads kv head h // GROUP
+        #   BLOCK_M      rows per program; BLOCK_N columns per key tile; BLOCK_D padded head dim
+        #   rows, valid  original row index of each program row (after the stride-phase
+        #                permutation) and whether it is a real row (False: padding)
+        #   b<k>, n<k>   segment k's first column and column count per row (baked-in law or
+        #                per-row arrays); s<k> its per-row stride where strides vary
+        #   ph, ub, ue   column phase and per-row range [ub, ue) in compressed column space u:
+        #                col = ph + stride * u for aligned segments, col = u otherwise
+        #   fa, fb, nt   tiles [0, fa) and [fb, nt) are partial (masked), [fa, fb) full
+        #   IS_FULL      the tile lies inside every row's range: no masking at all
+        #   keep         [BLOCK_M, BLOCK_N] membership of (row, column) in the mask
+        #   slot         value-array slot of (row, column) for the unfused ops
+        import triton
+        import triton.language as tl
+
+        ROWS = tl.constexpr({spec.rows})
+        COLS = tl.constexpr({spec.cols})
+        Q_LEN = tl.constexpr({q_len})
+        KV_LEN = tl.constexpr({kv_len})
+        H = tl.constexpr({H})
+        HKV = tl.constexpr({HKV})
+        GROUP = tl.constexpr({spec.group})
+        D = tl.constexpr({D})
+        BLOCK_D = tl.constexpr({spec.block_d})
+        EVEN_D = tl.constexpr({spec.block_d == D})
+        NNZ = tl.constexpr({spec.nnz_max})
+        Q_ROW = tl.constexpr({H * D})
+        KV_ROW = tl.constexpr({HKV * D})
+        LOG2E = tl.constexpr(1.4426950408889634)
+        LN2 = tl.constexpr(0.6931471805599453)
+        """).replace("{segs}", segs)
+
+
+_TILES = '''
+
+@triton.jit
+def _load_rows(base, idx, ok, ROW: tl.constexpr, IS_FULL: tl.constexpr):
+    """[len(idx), BLOCK_D] rows idx of a [S, heads, D] slab; ok masks rows."""
+    offs_d = tl.arange(0, BLOCK_D)
+    ptrs = base + idx[:, None] * ROW + offs_d[None, :]
+    if IS_FULL and EVEN_D:
+        return tl.load(ptrs)
+    return tl.load(ptrs, mask=ok[:, None] & (offs_d < D)[None, :], other=0.0)
+
+
+@triton.jit
+def _fwd_tile(acc, m_i, l_i, q, Kb, Vb, cols, keep, QK_SCALE: tl.constexpr, IS_FULL: tl.constexpr):
+    k = _load_rows(Kb, cols, cols < KV_LEN, KV_ROW, IS_FULL)
+    v = _load_rows(Vb, cols, cols < KV_LEN, KV_ROW, IS_FULL)
+    s = tl.dot(q, tl.trans(k), input_precision=PREC)
+    if not IS_FULL:
+        s = tl.where(keep, s, float("-inf"))
+    # scores stay unscaled: max first, then one FMA per score (QK_SCALE > 0 keeps the argmax)
+    m_new = tl.maximum(m_i, tl.max(s, 1) * QK_SCALE)
+    if IS_FULL:  # every row has a finite score here
+        m_use = m_new
+    else:  # rows with nothing yet: subtract 0, exp2(-inf) = 0
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.math.exp2(s * QK_SCALE - m_use[:, None])
+    alpha = tl.math.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _dq_tile(dq, q, do, lse2, delta, Kb, Vb, cols, keep, QK_SCALE: tl.constexpr, IS_FULL: tl.constexpr):
+    k = _load_rows(Kb, cols, cols < KV_LEN, KV_ROW, IS_FULL)
+    v = _load_rows(Vb, cols, cols < KV_LEN, KV_ROW, IS_FULL)
+    s = tl.dot(q, tl.trans(k), input_precision=PREC)
+    p = tl.math.exp2(s * QK_SCALE - lse2[:, None])
+    if not IS_FULL:
+        p = tl.where(keep, p, 0.0)
+    dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+    ds = p * (dp - delta[:, None])
+    dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
+    return dq
+
+
+@triton.jit
+def _dkdv_tile(dk, dv, k, v, Qb, DOb, Lb, Db, cols, keep, QK_SCALE: tl.constexpr, IS_FULL: tl.constexpr):
+    ok = cols < Q_LEN
+    q = _load_rows(Qb, cols, ok, Q_ROW, IS_FULL)
+    do = _load_rows(DOb, cols, ok, Q_ROW, IS_FULL)
+    lse2 = tl.load(Lb + cols, mask=ok, other=0.0) * LOG2E
+    delta = tl.load(Db + cols, mask=ok, other=0.0)
+    st = tl.dot(k, tl.trans(q), input_precision=PREC)
+    pt = tl.math.exp2(st * QK_SCALE - lse2[None, :])
+    if not IS_FULL:
+        pt = tl.where(keep, pt, 0.0)
+    dv += tl.dot(pt.to(do.dtype), do, input_precision=PREC)
+    dpt = tl.dot(v, tl.trans(do), input_precision=PREC)
+    dst = pt * (dpt - delta[None, :])
+    dk += tl.dot(dst.to(q.dtype), q, input_precision=PREC)
+    return dk, dv
+
+
+@triton.jit
+def _sddmm_tile(q, Kb, Srow, valid, cols, keep, slot, IS_FULL: tl.constexpr, STORE_ALL: tl.constexpr):
+    k = _load_rows(Kb, cols, cols < KV_LEN, KV_ROW, IS_FULL)
+    s = tl.dot(q, tl.trans(k), input_precision=PREC)
+    if STORE_ALL:  # residual blocks: every slot of the block, 0 where the bit is clear
+        tl.store(Srow[:, None] + slot, tl.where(keep, s, 0.0).to(Srow.dtype.element_ty), mask=valid[:, None])
+    else:
+        tl.store(Srow[:, None] + slot, s.to(Srow.dtype.element_ty), mask=valid[:, None] & keep)
+
+
+@triton.jit
+def _spmm_tile(acc, Prow, Vb, cols, keep, slot, IS_FULL: tl.constexpr):
+    v = _load_rows(Vb, cols, cols < KV_LEN, KV_ROW, IS_FULL)
+    p = tl.load(Prow[:, None] + slot, mask=keep, other=0.0)
+    acc += tl.dot(p.to(v.dtype), v, input_precision=PREC)
+    return acc
+'''
+
+
+def _kernel(spec: KernelSpec) -> str:
+    op = spec.op
+    meta = "".join(f"{m}, " for m in spec.meta_names())
+    pro = _rows_prologue(spec) + _asserts(spec)
+    if op == "fwd":
+        sig = f"Q, K, V, {meta}Out, Lse, SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr"
+        body = (
+            pro
+            + [
+                "b = pid_bh // H",
+                "h = pid_bh % H",
+                "hk = h // GROUP",
+                "bq = b.to(tl.int64) * (Q_LEN * Q_ROW) + h * D",
+                "Kb = K + b.to(tl.int64) * (KV_LEN * KV_ROW) + hk * D",
+                "Vb = V + b.to(tl.int64) * (KV_LEN * KV_ROW) + hk * D",
+                "q = _load_rows(Q + bq, rows, valid, Q_ROW, False)",
+                "m_i = tl.full([BLOCK_M], float('-inf'), tl.float32)",
+                "l_i = tl.zeros([BLOCK_M], tl.float32)",
+                "acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)",
+            ]
+            + _segments_rowinfo(spec)
+            + _walk(
+                spec,
+                "acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q, Kb, Vb, cols, keep, SCALE * LOG2E, IS_FULL={FULL})",
+                False,
+            )
+            + [
+                "# -- epilogue: normalise; fully masked rows give 0 and lse -inf",
+                "l_use = tl.where(l_i > 0, l_i, 1.0)",
+                "out = acc / l_use[:, None]",
+                "lse = tl.where(l_i > 0, (m_i + tl.math.log2(l_use)) * LN2, float('-inf'))",
+                "o_ptrs = Out + bq + rows[:, None] * Q_ROW + offs_d[None, :]",
+                "tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=valid[:, None] & (offs_d < D)[None, :])",
+                "tl.store(Lse + (b * H + h).to(tl.int64) * Q_LEN + rows, lse, mask=valid)",
+            ]
+        )
+    elif op == "bwd_dq":
+        sig = f"Q, K, V, DO, Out, Lse, {meta}DQ, Delta, SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr"
+        body = (
+            pro
+            + [
+                "b = pid_bh // H",
+                "h = pid_bh % H",
+                "hk = h // GROUP",
+                "bq = b.to(tl.int64) * (Q_LEN * Q_ROW) + h * D",
+                "Kb = K + b.to(tl.int64) * (KV_LEN * KV_ROW) + hk * D",
+                "Vb = V + b.to(tl.int64) * (KV_LEN * KV_ROW) + hk * D",
+                "q = _load_rows(Q + bq, rows, valid, Q_ROW, False)",
+                "do = _load_rows(DO + bq, rows, valid, Q_ROW, False)",
+                "lrow = (b * H + h).to(tl.int64) * Q_LEN + rows",
+                "lse2 = tl.load(Lse + lrow, mask=valid, other=0.0) * LOG2E",
+                "# delta = rowsum(dO * O), computed once here and stored for the dk/dv kernel",
+                "o = _load_rows(Out + bq, rows, valid, Q_ROW, False)",
+                "delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)",
+                "tl.store(Delta + lrow, delta, mask=valid)",
+                "dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)",
+            ]
+            + _segments_rowinfo(spec)
+            + _walk(
+                spec,
+                "dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, cols, keep, SCALE * LOG2E, IS_FULL={FULL})",
+                False,
+            )
+            + [
+                "dq = dq * SCALE",
+                "tl.store(DQ + bq + rows[:, None] * Q_ROW + offs_d[None, :], dq.to(DQ.dtype.element_ty),"
+                " mask=valid[:, None] & (offs_d < D)[None, :])",
+            ]
+        )
+    elif op == "bwd_dkdv":
+        sig = f"Q, K, V, DO, Lse, Delta, {meta}DK, DV, SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr"
+        walk = _walk(
+            spec,
+            "dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lb, Db, cols, keep, SCALE * LOG2E, IS_FULL={FULL})",
+            False,
+        )
+        body = (
+            pro
+            + [
+                "b = pid_bh // HKV",
+                "hk = pid_bh % HKV",
+                "bk = b.to(tl.int64) * (KV_LEN * KV_ROW) + hk * D",
+                "k = _load_rows(K + bk, rows, valid, KV_ROW, False)",
+                "v = _load_rows(V + bk, rows, valid, KV_ROW, False)",
+                "dk = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)",
+                "dv = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)",
+            ]
+            + _segments_rowinfo(spec)
+            + [
+                "for g in range(0, GROUP):",
+                "    h = hk * GROUP + g",
+                "    Qb = Q + b.to(tl.int64) * (Q_LEN * Q_ROW) + h * D",
+                "    DOb = DO + b.to(tl.int64) * (Q_LEN * Q_ROW) + h * D",
+                "    Lb = Lse + (b * H + h).to(tl.int64) * Q_LEN",
+                "    Db = Delta + (b * H + h).to(tl.int64) * Q_LEN",
+            ]
+            + ["    " + x for x in walk]
+            + [
+                "dk = dk * SCALE",
+                "omask = valid[:, None] & (offs_d < D)[None, :]",
+                "tl.store(DK + bk + rows[:, None] * KV_ROW + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=omask)",
+                "tl.store(DV + bk + rows[:, None] * KV_ROW + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=omask)",
+            ]
+        )
+    elif op == "sddmm":
+        sig = f"Q, K, {meta}S, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr"
+        zero = []
+        for k, s in enumerate(spec.segments):
+            zero += [
+                f"for t0 in range(0, {s.width}, BLOCK_N):",
+                "    t = t0 + offs_n",
+                f"    z = valid[:, None] & (t[None, :] >= n{k}[:, None]) & (t[None, :] < {s.width})",
+                f"    tl.store(Srow[:, None] + {s.slot_offset} + t[None, :], tl.zeros([BLOCK_M, BLOCK_N], S.dtype.element_ty), mask=z)",
+            ]
+        body = (
+            pro
+            + [
+                "b = pid_bh // H",
+                "h = pid_bh % H",
+                "hk = h // GROUP",
+                "bq = b.to(tl.int64) * (Q_LEN * Q_ROW) + h * D",
+                "Kb = K + b.to(tl.int64) * (KV_LEN * KV_ROW) + hk * D",
+                "q = _load_rows(Q + bq, rows, valid, Q_ROW, False)",
+                "Srow = S + ((b * H + h).to(tl.int64) * ROWS + rows) * NNZ",
+            ]
+            + _segments_rowinfo(spec)
+            + _walk(
+                spec,
+                "_sddmm_tile(q, Kb, Srow, valid, cols, keep, slot, IS_FULL={FULL}, STORE_ALL=False)",
+                True,
+                res_call="_sddmm_tile(q, Kb, Srow, valid, cols, keep, slot, IS_FULL={FULL}, STORE_ALL=True)",
+            )
+            + ["# -- padding slots: 0"]
+            + zero
+        )
+    elif op == "spmm":
+        sig = f"P, V, {meta}Out, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr"
+        body = (
+            pro
+            + [
+                "b = pid_bh // H",
+                "h = pid_bh % H",
+                "hk = h // GROUP",
+                "bq = b.to(tl.int64) * (Q_LEN * Q_ROW) + h * D",
+                "Vb = V + b.to(tl.int64) * (KV_LEN * KV_ROW) + hk * D",
+                "Prow = P + ((b * H + h).to(tl.int64) * ROWS + rows) * NNZ",
+                "acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)",
+            ]
+            + _segments_rowinfo(spec)
+            + _walk(spec, "acc = _spmm_tile(acc, Prow, Vb, cols, keep, slot, IS_FULL={FULL})", True)
+            + [
+                "tl.store(Out + bq + rows[:, None] * Q_ROW + offs_d[None, :], acc.to(Out.dtype.element_ty),"
+                " mask=valid[:, None] & (offs_d < D)[None, :])",
+            ]
+        )
+    elif op == "softmax":
+        sig = f"S, {meta}P, SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr"
+        passes = []
+        for phase in (1, 2):
+            for k, s in enumerate(spec.segments):
+                passes += [
+                    f"for t0 in range(0, {s.width}, BLOCK_N):",
+                    "    t = t0 + offs_n",
+                    f"    ok = valid[:, None] & (t[None, :] < n{k}[:, None])",
+                    f"    x = tl.load(Srow[:, None] + {s.slot_offset} + t[None, :], mask=ok, other=0.0).to(tl.float32) * (SCALE * LOG2E)",
+                    "    x = tl.where(ok, x, float('-inf'))",
+                ]
+                passes += _softmax_step(phase, f"{s.slot_offset} + t[None, :]", f"(t[None, :] < {s.width})")
+            if spec.residual is not None:
+                r = spec.residual
+                passes += [
+                    f"for j in range(0, {r.max_blocks}):",
+                    f"    bits = tl.load(ResBits + ((rb * {r.max_blocks} + j) * {r.block_q} + a0 + offs_m)[:, None] * {r.block_kv}"
+                    " + offs_r[None, :], mask=valid[:, None], other=0)",
+                    "    ok = (bits != 0) & valid[:, None]",
+                    f"    x = tl.load(Srow[:, None] + {r.slot_offset} + j * {r.block_kv} + offs_r[None, :], mask=ok, other=0.0).to(tl.float32) * (SCALE * LOG2E)",
+                    "    x = tl.where(ok, x, float('-inf'))",
+                ]
+                passes += _softmax_step(
+                    phase, f"{r.slot_offset} + j * {r.block_kv} + offs_r[None, :]", "(offs_r[None, :] >= 0)"
+                )
+            if phase == 1:
+                passes += [
+                    "m_use = tl.where(m_i == float('-inf'), 0.0, m_i)",
+                    "l_inv = tl.where(l_i > 0, 1.0 / tl.where(l_i > 0, l_i, 1.0), 0.0)",
+                ]
+        res = []
+        if spec.residual is not None:
+            r = spec.residual
+            res = [
+                f"rb = (pid_m * BLOCK_M) // {r.block_q}",
+                f"a0 = (pid_m * BLOCK_M) % {r.block_q}",
+                f"offs_r = tl.arange(0, {r.block_kv})",
+            ]
+        body = (
+            pro
+            + [
+                "b = pid_bh // H",
+                "h = pid_bh % H",
+                "Srow = S + ((b * H + h).to(tl.int64) * ROWS + rows) * NNZ",
+                "Prow = P + ((b * H + h).to(tl.int64) * ROWS + rows) * NNZ",
+                "m_i = tl.full([BLOCK_M], float('-inf'), tl.float32)",
+                "l_i = tl.zeros([BLOCK_M], tl.float32)",
+            ]
+            + res
+            + [x for k, s in enumerate(spec.segments) for x in _rowinfo(k, s)]
+            + passes
+        )
+    else:  # pragma: no cover
+        raise ValueError(op)
+    return f"\n\n@triton.jit\ndef kernel({sig}):\n" + _indent(body, 4) + "\n"
+
+
+def _softmax_step(phase: int, slot: str, in_width: str) -> list[str]:
+    if phase == 1:
+        return [
+            "    m_new = tl.maximum(m_i, tl.max(x, 1))",
+            "    m_u = tl.where(m_new == float('-inf'), 0.0, m_new)",
+            "    l_i = l_i * tl.math.exp2(m_i - m_u) + tl.sum(tl.math.exp2(x - m_u[:, None]), 1)",
+            "    m_i = m_new",
+        ]
+    return [
+        "    p = tl.math.exp2(x - m_use[:, None]) * l_inv[:, None]",
+        "    p = tl.where(ok, p, 0.0)",
+        f"    tl.store(Prow[:, None] + {slot}, p.to(P.dtype.element_ty), mask=valid[:, None] & {in_width})",
+    ]
+
+
+def render(spec: KernelSpec) -> str:
+    """Triton source text of ``spec``'s kernel (a module defining ``kernel``)."""
+    prec = '"ieee"' if spec.dtype == "float32" else '"tf32"'
+    return _header(spec) + _TILES.replace("input_precision=PREC", f"input_precision={prec}") + _kernel(spec)

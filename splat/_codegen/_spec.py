@@ -1,0 +1,407 @@
+"""Kernel specs: everything the generator needs to render one Triton kernel.
+
+A :class:`KernelSpec` is derived from an :class:`acsr.ACSR` layout, the shapes
+and the dtype (:func:`plan`). It is frozen and hashable: generated modules are
+cached by it. Per-row metadata (arrays for segments without a closed form, the
+row permutation of stride alignment, the residual's block lists) is not part
+of the spec; :class:`Plan` carries it next to the spec as numpy operands.
+
+Segment modes (how a row block walks one segment's key tiles):
+
+* ``dense``   -- stride 1: key tiles are contiguous column ranges.
+* ``aligned`` -- uniform stride ``s > 1`` and every row of a row block shares
+  the phase ``base % s`` (after the row permutation): key tiles are dense in
+  compressed space, ``col = phase + s * u``; no wasted products.
+* ``modular`` -- anything else (strides vary per row, or phases are mixed in a
+  row block): contiguous column tiles masked with ``(col - base) % stride == 0``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+
+import acsr
+from acsr import ACSR, Piece
+
+OPS = ("fwd", "bwd_dq", "bwd_dkdv", "sddmm", "softmax", "spmm")
+DTYPES = ("float16", "bfloat16", "float32")
+MAX_HEAD_DIM = 256
+
+
+@dataclass(frozen=True)
+class SegSpec:
+    """How a kernel walks one ACSR segment.
+
+    Attributes:
+      mode: ``"dense"``, ``"aligned"`` or ``"modular"`` (module docstring).
+      stride: the uniform stride, or 0 when it varies per row.
+      source: ``"law"`` (closed form baked in, no metadata loaded) or
+        ``"arrays"`` (per-row base/count[/stride] int32 operands).
+      pieces: the closed form's pieces when ``source == "law"``.
+      width: value slots owned (largest row count).
+      slot_offset: first value slot in ``[B, H, rows, nnz_max]`` arrays.
+    """
+
+    mode: str
+    stride: int
+    source: str
+    pieces: tuple[Piece, ...]
+    width: int
+    slot_offset: int
+
+
+@dataclass(frozen=True)
+class ResSpec:
+    """The residual's static shape: ``block_q x block_kv`` blocks, ``max_blocks`` per row block."""
+
+    block_q: int
+    block_kv: int
+    max_blocks: int
+    slot_offset: int
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """Frozen description of one generated kernel (cache key of the generator).
+
+    ``rows``/``cols`` are the layout's ``q_len``/``kv_len``; for ``bwd_dkdv``
+    the layout is the transposed one (rows are keys, columns are queries).
+    ``split_full``: walk each stride-1 / aligned segment as partial, full
+    (unmasked) and partial tile runs (three loops); ``False``: one masked loop.
+    ``ordered``: programs take row blocks from an ``Order`` operand, heaviest
+    first, with the grid's fastest axis over batch x heads (load balance for
+    layouts with a few very long rows, e.g. global tokens).
+    """
+
+    op: str
+    rows: int
+    cols: int
+    segments: tuple[SegSpec, ...]
+    residual: ResSpec | None
+    permuted: bool
+    dtype: str
+    head_dim: int
+    num_heads: int
+    num_kv_heads: int
+    block_m: int
+    block_n: int
+    nnz_max: int
+    num_warps: int = 4
+    num_stages: int = 2
+    split_full: bool = True
+    ordered: bool = False
+
+    @property
+    def group(self) -> int:
+        """GQA ratio: query heads per key/value head."""
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def block_d(self) -> int:
+        return max(16, 1 << (self.head_dim - 1).bit_length())
+
+    def meta_names(self) -> tuple[str, ...]:
+        """Names of the metadata operands, in the order kernels take them."""
+        names = []
+        for k, s in enumerate(self.segments):
+            if s.source == "arrays":
+                names += [f"Base{k}", f"Cnt{k}"]
+                if s.stride == 0:
+                    names.append(f"Str{k}")
+        if self.permuted:
+            names.append("Perm")
+        if self.ordered:
+            names.append("Order")
+        if self.residual is not None:
+            names += ["ResKB", "ResNB", "ResBits"]
+        return tuple(names)
+
+
+class Tiles(NamedTuple):
+    """Tile configuration of one kernel (``tiles=`` accepts a plain 4- or 5-tuple too)."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    split_full: bool = True
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """A spec plus its metadata operands and grid size along rows."""
+
+    spec: KernelSpec
+    meta: tuple[np.ndarray, ...] = field(repr=False)
+    row_blocks: int
+
+
+# -- tile defaults ------------------------------------------------------------
+
+# (block_m, block_n, num_warps, num_stages) per op for head dims <= 128 on Hopper-class GPUs.
+_GPU_TILES = {
+    "fwd": (64, 64, 4, 3),  # best of 6 configs on H200 (window, causal window, dilated; NOTES.md)
+    "bwd_dq": (128, 32, 8, 2),
+    "bwd_dkdv": (128, 32, 8, 2),
+    "sddmm": (64, 64, 4, 2),
+    "softmax": (64, 64, 4, 1),
+    "spmm": (64, 64, 4, 2),
+}
+
+
+def default_tiles(op: str, head_dim: int, dtype: str = "bfloat16") -> Tiles:
+    bm, bn, w, st = _GPU_TILES[op]
+    if dtype == "float32":  # exact (ieee) fp32 dots: smaller tiles compile and run far better
+        bm, bn, w = min(bm, 64), min(bn, 32), 4
+    if head_dim > 128:
+        bm, bn, w, st = min(bm, 64), min(bn, 32), 8, 1
+    return Tiles(bm, bn, w, st)
+
+
+# A row block walking more than this many times the median block's key span gets
+# its programs launched first (see KernelSpec.ordered).
+_HEAVY = 3.0
+
+
+def _block_rows(layout: ACSR, perm: np.ndarray | None, bm: int) -> np.ndarray:
+    """Row index per program row, ``[row_blocks, bm]``, -1 for padding."""
+    if perm is not None:
+        return perm.reshape(-1, bm)
+    n = -(-layout.q_len // bm) * bm
+    r = np.arange(n)
+    return np.where(r < layout.q_len, r, -1).reshape(-1, bm)
+
+
+def _block_order(layout: ACSR, perm: np.ndarray | None, bm: int) -> np.ndarray | None:
+    """Row blocks heaviest first when a few blocks walk far more columns than the rest, else None."""
+    rows = _block_rows(layout, perm, bm)
+    if rows.shape[0] < 2:
+        return None
+    ok = rows >= 0
+    r = np.maximum(rows, 0)
+    work = np.zeros(rows.shape[0], np.float64)
+    for s in layout.segments:
+        live = ok & (s.count[r] > 0)
+        st = np.maximum(s.stride[r].astype(np.int64), 1)
+        b = s.base[r].astype(np.int64) // st
+        lo = np.where(live, b, np.iinfo(np.int64).max).min(1)
+        hi = np.where(live, b + s.count[r], 0).max(1)
+        work += np.maximum(hi - lo, 0)
+    if layout.residual is not None:
+        nb = layout.residual.num_blocks * layout.residual.block_kv
+        first = rows[:, 0].clip(0) // layout.residual.block_q
+        work += nb[first]
+    med = float(np.median(work))
+    if work.max() <= _HEAVY * max(med, 1.0):
+        return None
+    return np.argsort(-work, kind="stable").astype(np.int32)
+
+
+# -- planning -------------------------------------------------------------------
+
+
+def _check_dtype(dtype) -> str:
+    name = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
+    if name not in DTYPES:
+        raise TypeError(f"dtype must be one of {DTYPES}, got {name!r}")
+    return name
+
+
+def check_head_dim(d: int) -> None:
+    if not isinstance(d, (int, np.integer)) or d < 1 or d > MAX_HEAD_DIM:
+        raise ValueError(
+            f"head dim D must be an int in [1, {MAX_HEAD_DIM}] for the Triton backend, got {d!r}; "
+            "use backend='jax' for larger heads"
+        )
+
+
+def _phases(seg, rows: np.ndarray, s: int) -> np.ndarray:
+    """Column phase ``base % s`` of each row; -1 where the row is empty."""
+    return np.where(seg.count[rows] > 0, seg.base[rows] % s, -1)
+
+
+def _permutation(layout: ACSR, block_m: int) -> np.ndarray | None:
+    """Row order grouping rows by the column phase of the widest-stride segment.
+
+    Each phase group is padded with -1 to a multiple of ``block_m`` so no row
+    block mixes phases. ``None`` when no segment has a uniform stride > 1.
+    """
+    if layout.residual is not None:
+        return None  # the residual's row blocks are in original order
+    strided = [(s.uniform_stride, s) for s in layout.segments if (s.uniform_stride or 1) > 1]
+    if not strided:
+        return None
+    stride, seg = max(strided, key=lambda t: t[0])
+    r = np.arange(layout.q_len)
+    ph = np.where(seg.count > 0, seg.base % stride, r % stride)
+    order = np.argsort(ph, kind="stable")
+    groups = np.split(order, np.flatnonzero(np.diff(ph[order])) + 1)
+    out = []
+    for g in groups:
+        pad = (-g.size) % block_m
+        out.append(np.concatenate([g, np.full(pad, -1, np.int64)]))
+    return np.concatenate(out).astype(np.int32)
+
+
+def _aligned(seg, perm: np.ndarray | None, q_len: int, block_m: int, stride: int) -> bool:
+    pos = perm if perm is not None else np.arange(-(-q_len // block_m) * block_m)
+    pos = np.where((pos >= 0) & (pos < q_len), pos, -1).reshape(-1, block_m)
+    ph = np.where(pos >= 0, _phases(seg, np.maximum(pos, 0), stride), -1)
+    hi = ph.max(axis=1)
+    return bool(np.all((ph == -1) | (ph == hi[:, None])))
+
+
+def plan(
+    op: str,
+    layout: ACSR,
+    *,
+    dtype,
+    head_dim: int,
+    num_heads: int,
+    num_kv_heads: int,
+    tiles: tuple[int, int, int, int] | None = None,
+) -> Plan:
+    """Builds the :class:`Plan` of ``op`` over ``layout``.
+
+    Args:
+      op: one of :data:`OPS`. For ``"bwd_dkdv"`` pass the transposed layout.
+      layout: the ACSR layout the kernel walks.
+      dtype: element dtype of q/k/v (``float16``, ``bfloat16``, ``float32``).
+      head_dim: D.
+      num_heads, num_kv_heads: H and H_kv (H_kv divides H).
+      tiles: :class:`Tiles` (or ``(block_m, block_n, num_warps, num_stages[, split_full])``);
+        defaults per op.
+    """
+    if op not in OPS:
+        raise ValueError(f"op must be one of {OPS}, got {op!r}")
+    dtype = _check_dtype(dtype)
+    check_head_dim(head_dim)
+    if num_kv_heads < 1 or num_heads % num_kv_heads:
+        raise ValueError(f"key/value heads ({num_kv_heads}) must divide query heads ({num_heads})")
+    tiles = None if tiles is None else Tiles(*tiles)
+    return _plan_cached(op, layout, dtype, int(head_dim), int(num_heads), int(num_kv_heads), tiles)
+
+
+@functools.lru_cache(maxsize=256)
+def _plan_cached(op, layout: ACSR, dtype, head_dim, num_heads, num_kv_heads, tiles) -> Plan:
+    bm, bn, warps, stages, split = tiles or default_tiles(op, head_dim, dtype)
+    res = layout.residual
+    if res is not None:
+        if res.block_kv < 16 or res.block_kv & (res.block_kv - 1):
+            raise ValueError(
+                f"residual block_kv must be a power of two >= 16 for the Triton backend, got {res.block_kv}"
+            )
+        bm = math.gcd(bm, res.block_q)
+        if bm < 16:
+            raise ValueError(
+                f"residual block_q must be a multiple of 16 for the Triton backend, got {res.block_q}"
+            )
+    uses_perm = op != "softmax"
+    perm = _permutation(layout, bm) if uses_perm else None
+    offs = layout.slot_offsets
+    segs, meta = [], []
+    for k, s in enumerate(layout.segments):
+        st = s.uniform_stride
+        if st is None:
+            mode, stride = "modular", 0
+        elif st == 1:
+            mode, stride = "dense", 1
+        elif uses_perm and _aligned(s, perm, layout.q_len, bm, st):
+            mode, stride = "aligned", st
+        else:
+            mode, stride = "modular", st
+        cf = s.closed_form
+        if cf is not None:
+            source, pieces = "law", cf.pieces
+        else:
+            source, pieces = "arrays", ()
+            meta += [s.base, s.count]
+            if stride == 0:
+                meta.append(s.stride)
+        segs.append(SegSpec(mode, stride, source, pieces, s.width, offs[k]))
+    if perm is not None:
+        meta.append(perm)
+        row_blocks = perm.size // bm
+    else:
+        row_blocks = -(-layout.q_len // bm)
+    order = _block_order(layout, perm, bm) if op != "softmax" else None
+    if order is not None:
+        meta.append(order)
+    rspec = None
+    if res is not None:
+        rspec = ResSpec(res.block_q, res.block_kv, res.max_blocks, offs[-1])
+        meta += [res.kv_blocks, res.num_blocks, res.bits.astype(np.int8)]
+    spec = KernelSpec(
+        op=op,
+        rows=layout.q_len,
+        cols=layout.kv_len,
+        segments=tuple(segs),
+        residual=rspec,
+        permuted=perm is not None,
+        dtype=dtype,
+        head_dim=head_dim,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        block_m=bm,
+        block_n=bn,
+        nnz_max=layout.nnz_max,
+        num_warps=warps,
+        num_stages=stages,
+        split_full=bool(split),
+        ordered=order is not None,
+    )
+    meta = tuple(np.ascontiguousarray(m, dtype=np.int8 if m.dtype == np.int8 else np.int32) for m in meta)
+    return Plan(spec, meta, row_blocks)
+
+
+@functools.lru_cache(maxsize=64)
+def transposed(layout: ACSR) -> ACSR:
+    """The transposed layout (cached: the backward pass asks for it every step)."""
+    return layout.transpose()
+
+
+@functools.lru_cache(maxsize=64)
+def transpose_slots(layout: ACSR) -> np.ndarray:
+    """Where each value slot of the transposed layout lives in ``layout``'s value array.
+
+    Returns int64 ``[kv_len, nnz_max_T]``: flat index ``row * nnz_max + slot``
+    into ``layout``'s ``[q_len, nnz_max]`` values, or ``q_len * nnz_max`` (one
+    past the end, read as 0 after padding) for padding slots.
+    """
+    lt = transposed(layout)
+    n = layout.nnz_max
+    cols = layout.slot_columns().astype(np.int64)
+    rows = np.repeat(np.arange(layout.q_len, dtype=np.int64), n)
+    flat = np.arange(layout.q_len * n, dtype=np.int64)
+    c = cols.reshape(-1)
+    ok = c >= 0
+    key = rows[ok] * layout.kv_len + c[ok]
+    order = np.argsort(key)
+    key_sorted, flat_sorted = key[order], flat[ok][order]
+    tcols = lt.slot_columns().astype(np.int64)  # [kv_len, nT]: query row per slot
+    trow = np.arange(layout.kv_len, dtype=np.int64)[:, None]
+    tkey = tcols * layout.kv_len + trow
+    idx = np.searchsorted(key_sorted, np.where(tcols >= 0, tkey, 0))
+    idx = np.minimum(idx, max(key_sorted.size - 1, 0))
+    out = np.where(tcols >= 0, flat_sorted[idx] if key_sorted.size else 0, layout.q_len * n)
+    return out
+
+
+__all__ = [
+    "KernelSpec",
+    "SegSpec",
+    "ResSpec",
+    "Plan",
+    "Tiles",
+    "plan",
+    "transposed",
+    "transpose_slots",
+    "default_tiles",
+    "check_head_dim",
+    "acsr",
+]

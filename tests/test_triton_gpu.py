@@ -1,0 +1,113 @@
+"""The Triton backend through JAX (jax-triton) on a real GPU: ``pytest -m gpu``.
+
+Skipped where JAX has no CUDA device or jax_triton is missing. Same dense
+float64 reference as the interpreter tests.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import acsr
+
+jax = pytest.importorskip("jax")
+if jax.default_backend() != "gpu":
+    pytest.skip("needs a CUDA GPU (JAX default backend is not gpu)", allow_module_level=True)
+jt = pytest.importorskip("jax_bindings._triton")
+
+import jax.numpy as jnp  # noqa: E402
+from test_triton_kernels import _mask, _ref_bwd, _ref_fwd, _values_ref  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+TOL = {"float32": 2e-4, "float16": 6e-3, "bfloat16": 3e-2}
+
+
+def _arrays(rng, layout, B, H, Hkv, D, dtype):
+    mk = lambda s: rng.standard_normal(s).astype(np.float32)
+    q, do = mk((B, layout.q_len, H, D)), mk((B, layout.q_len, H, D))
+    k, v = mk((B, layout.kv_len, Hkv, D)), mk((B, layout.kv_len, Hkv, D))
+    cast = lambda x: jnp.asarray(x, dtype)
+    host = lambda x: np.asarray(cast(x).astype(jnp.float32))
+    return [cast(x) for x in (q, k, v, do)], [host(x) for x in (q, k, v, do)]
+
+
+def _err(got, want):
+    got = np.asarray(jnp.asarray(got).astype(jnp.float32), np.float64)
+    assert np.all(np.isfinite(got)), "non-finite output"
+    return np.abs(got - want).max() / max(1.0, np.abs(want).max())
+
+
+@pytest.mark.parametrize(
+    "name,S,H,Hkv,D,dtype",
+    [
+        ("window", 300, 2, 2, 64, "bfloat16"),
+        ("causal_window", 257, 4, 2, 128, "float16"),
+        ("dilated", 300, 2, 1, 128, "bfloat16"),
+        ("strided", 300, 2, 2, 64, "float32"),
+        ("global_window", 300, 2, 2, 128, "bfloat16"),
+        ("random", 200, 2, 2, 64, "float16"),
+        ("masked_rows", 130, 2, 2, 256, "bfloat16"),
+    ],
+)
+def test_fused_gpu(name, S, H, Hkv, D, dtype):
+    layout = acsr.from_dense(_mask(name, S, S))
+    mask = layout.to_dense()
+    (q, k, v, do), (hq, hk, hv, hdo) = _arrays(np.random.default_rng(S + D), layout, 2, H, Hkv, D, dtype)
+    scale = D**-0.5
+    out, lse = jax.jit(lambda a, b, c: jt.attention_fwd(a, b, c, layout, scale))(q, k, v)
+    r_out, r_lse, _ = _ref_fwd(hq, hk, hv, mask, scale)
+    assert _err(out, r_out) < TOL[dtype]
+    lse = np.asarray(lse)
+    assert np.all(np.isneginf(lse[:, :, ~mask.any(1)]))
+    grads = jax.jit(lambda *a: jt.attention_bwd(*a, layout, scale))(q, k, v, out, jnp.asarray(lse), do)
+    for g, want in zip(grads, _ref_bwd(hq, hk, hv, mask, scale, hdo), strict=True):
+        assert _err(g, want) < 4 * TOL[dtype]
+
+
+@pytest.mark.parametrize("name", ["window", "strided", "random"])
+def test_unfused_gpu(name):
+    S, H, Hkv, D = 200, 2, 1, 64
+    layout = acsr.from_dense(_mask(name, S, S))
+    (q, k, v, do), (hq, hk, hv, hdo) = _arrays(np.random.default_rng(1), layout, 1, H, Hkv, D, "float32")
+    want_s, cols = _values_ref(layout, hq, hk)
+    s = jt.sddmm(q, k, layout)
+    assert _err(s, want_s) < 2e-4
+    p = jt.softmax(s, layout, 0.125)
+    x = np.where(cols >= 0, np.asarray(s, np.float64) * 0.125, -np.inf)
+    e = np.exp(x - np.max(x, -1, keepdims=True))
+    assert _err(p, e / e.sum(-1, keepdims=True)) < 2e-4
+    o = jt.spmm(p, v, layout)
+    _, _, pref = _ref_fwd(hq, hk, hv, layout.to_dense(), 0.125)
+    ref_o = np.einsum("bhqk,bkhd->bqhd", pref, np.repeat(hv, H // Hkv, axis=2).astype(np.float64))
+    assert _err(o, ref_o) < 2e-4
+    dp, dv = jt.spmm_bwd(p, v, do, layout)
+    ds = jt.softmax_bwd(p, dp, layout, 0.125)
+    dq, dk = jt.sddmm_bwd(q, k, ds, layout)
+    r_dq, r_dk, r_dv = _ref_bwd(hq, hk, hv, layout.to_dense(), 0.125, hdo)
+    assert _err(dv, r_dv) < 1e-3
+    assert _err(dq, r_dq) < 1e-3
+    assert _err(dk, r_dk) < 1e-3
+
+
+def test_grad_vmap_through_dispatch():
+    disp = pytest.importorskip("jax_bindings._dispatch")
+    S, H, D = 160, 2, 64
+    layout = acsr.from_dense(_mask("window", S, S))
+    rng = np.random.default_rng(3)
+    q, k, v = (jnp.asarray(rng.standard_normal((2, 1, S, H, D)), jnp.float32) for _ in range(3))
+
+    def loss(q, k, v):
+        return jnp.sum(disp.attention(q, k, v, layout, 0.125, backend="triton") ** 2)
+
+    g = jax.jit(jax.vmap(jax.grad(loss, argnums=(0, 1, 2))))(q, k, v)
+    g_ref = jax.jit(
+        jax.vmap(
+            jax.grad(
+                lambda *a: jnp.sum(disp.attention(*a, layout, 0.125, backend="jax") ** 2), argnums=(0, 1, 2)
+            )
+        )
+    )(q, k, v)
+    for a, b in zip(g, g_ref, strict=True):
+        assert _err(a, np.asarray(b, np.float64)) < 1e-3
