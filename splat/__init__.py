@@ -13,7 +13,26 @@ Example:
 
 from splat import masks
 from splat._analyzer import Report, analyze, report
+from splat._attention import attention, sddmm, softmax, spmm
+from splat._decorator import SparseAttentionFallbackWarning, sparse_attention
+from splat._sparsify import SparsifyWarning, sparsify
+from splat import flax  # noqa: E402  (imports flax itself only when used)
 
 __version__ = "0.1.0"
 
-__all__ = ["Report", "analyze", "masks", "report", "__version__"]
+__all__ = [
+    "Report",
+    "SparseAttentionFallbackWarning",
+    "SparsifyWarning",
+    "analyze",
+    "attention",
+    "flax",
+    "masks",
+    "report",
+    "sddmm",
+    "softmax",
+    "sparse_attention",
+    "sparsify",
+    "spmm",
+    "__version__",
+]

@@ -1,0 +1,1 @@
+"""Runnable examples (Flax NNX models on splat); see examples/README.md."""
