@@ -1,0 +1,45 @@
+# Two user-facing commands (see README.md):
+#   make demo   quick benchmark on whatever hardware is here + analysis of an example mask
+#   make test   the test suite (CPU by default; GPU tests are marked and skip without a GPU)
+#
+# Both create .venv on first use and reuse it afterwards. The install is redone only when
+# pyproject.toml changes: the stamp file's name carries a hash of it.
+
+PYTHON ?= python3
+VENV ?= .venv
+EXTRAS ?= test,plot,flax
+PY := $(VENV)/bin/python
+HASH := $(shell $(PYTHON) -c "import hashlib;print(hashlib.sha256(open('pyproject.toml','rb').read()).hexdigest()[:12])")
+STAMP := $(VENV)/.splat-installed-$(HASH)
+OUT ?= benchmarks/out
+PYTEST_ARGS ?=
+
+.PHONY: demo test venv lint clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	@if nvidia-smi >/dev/null 2>&1; then \
+		echo "nvidia-smi works: installing the CUDA extra"; \
+		$(PY) -m pip install -q -e ".[cuda]"; \
+	fi
+	@rm -f $(VENV)/.splat-installed-*
+	@touch $@
+
+demo: $(STAMP)
+	@mkdir -p $(OUT)
+	$(VENV)/bin/splat bench --quick --out $(OUT)/demo-bench.json --plot $(OUT)/demo-bench.png
+	$(VENV)/bin/splat analyze "sliding_window(256, 256) | global_tokens(4)" --q-len 2048 \
+		--plot $(OUT)/demo-mask.png
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(PY) -m pip install -q ruff
+	$(PY) -m ruff check .
+
+clean:
+	rm -rf $(OUT) .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,75 @@
+"""The GPU benchmark suite: every ``splat.catalogue.BENCH`` pattern against every peer.
+
+Writes ``benchmarks/results/<device>-<date>.json`` and a PNG beside it. Peers that
+are not installed or do not support a mask are skipped with the reason printed
+(cuDNN: full/causal/causal-window only; FlexAttention and torch SDPA need torch
+with CUDA; tokamax needs tokamax).
+
+Usage (on a CUDA machine, after ``make test`` has built the venv with the cuda extra)::
+
+    .venv/bin/python benchmarks/run_gpu.py                       # bf16, fwd and fwd+bwd, S = 4096..32768
+    .venv/bin/python benchmarks/run_gpu.py --lengths 8192 --dtype float16 --mode fwd
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import re
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--patterns", nargs="+", default=None)
+    p.add_argument("--lengths", nargs="+", type=int, default=[4096, 8192, 16384, 32768])
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--mode", default="both", choices=["fwd", "fwdbwd", "both"])
+    p.add_argument("--backend", default="auto", choices=["auto", "jax", "triton"])
+    p.add_argument("--peers", nargs="+", default=None)
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--build", action="store_true", help="also the layout construction section")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+
+    import jax
+
+    from splat import _bench
+    from splat._plot import plot_bench
+
+    if jax.default_backend() != "gpu":
+        print("warning: no GPU visible to JAX; timing the CPU instead", file=sys.stderr)
+    config = _bench.BenchConfig(
+        patterns=tuple(args.patterns) if args.patterns else None,
+        lengths=tuple(args.lengths),
+        heads=args.heads,
+        head_dim=args.head_dim,
+        batch=args.batch,
+        dtype=args.dtype,
+        mode=args.mode,
+        backend=args.backend,
+        peers=tuple(args.peers) if args.peers else None,
+        warmup=3,
+        repeats=args.repeats,
+        build=args.build,
+    )
+    result = _bench.run_bench(config)
+    device = re.sub(r"[^A-Za-z0-9]+", "-", result["environment"]["device"]).strip("-").lower()
+    out = args.out or os.path.join(HERE, "results", f"{device}-{dt.date.today().isoformat()}.json")
+    _bench.write_json(result, out)
+    try:
+        plot_bench(result, os.path.splitext(out)[0] + ".png")
+    except ImportError as e:
+        print(f"no plot: {e}", file=sys.stderr)
+    print(f"wrote {out}")
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,522 @@
+"""``splat bench``: splat against its peers, pattern x length x mode, in one process.
+
+Every implementation (see :mod:`splat._peers`) gets the same random inputs; each
+is compiled and run once, then run ``warmup`` more times untimed and ``repeats``
+times timed (wall clock around a call that blocks until the device is done); the
+median is reported.
+
+Useful FLOPs count only the mask's nonzeros::
+
+    forward           4 * B * H * nnz * D        (QK^T and PV, 2 FLOPs per multiply-add)
+    forward+backward  3.5 * 4 * B * H * nnz * D  (backward = 2.5x forward: QK^T recomputed, dP, dV, dQ, dK)
+
+so a dense peer that computes all S x S scores is credited with the same useful
+work as splat. ``x splat`` in the table is ``peer ms / splat ms``: above 1 means
+splat is faster.
+
+Optional sections: ``build`` (time to construct each pattern's ACSR at S = 65536
+with caches cleared, and to analyze a dense 8192 x 8192 bool rendering) and
+``memory`` (XLA's temp bytes, ``compiled.memory_analysis().temp_size_in_bytes``,
+of splat and of dense XLA for each problem).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib
+import importlib.metadata
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+
+import numpy as np
+
+__all__ = [
+    "BenchConfig",
+    "FLOP_FORMULA",
+    "build_section",
+    "environment",
+    "format_table",
+    "resolve_patterns",
+    "run_bench",
+    "time_call",
+    "useful_flops",
+    "write_json",
+]
+
+FLOP_FORMULA = "useful FLOPs = 4*B*H*nnz*D (forward); forward+backward counts 3.5x that (backward = 2.5x forward)"
+RATIO_DEFINITION = "x splat = peer median ms / splat median ms (> 1: splat is faster)"
+SCHEMA = "splat-bench/1"
+
+_MODES = ("fwd", "fwdbwd", "both")
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _on_gpu() -> bool:
+    import jax
+
+    return jax.default_backend() == "gpu"
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Settings of one ``splat bench`` run (every field lands in the JSON).
+
+    Attributes:
+      patterns: catalogue names or mask specs (``splat.cli.parse_mask_spec``); None = all.
+      lengths: sequence lengths S (q_len = kv_len = S).
+      heads, head_dim, batch: H, D, B of ``q, k, v: [B, S, H, D]``.
+      dtype: "float32", "bfloat16" or "float16".
+      mode: "fwd", "fwdbwd" or "both".
+      backend: splat's backend ("auto", "jax", "triton").
+      peers: implementations to time (names in ``splat._peers.PEERS``); None = all.
+      warmup, repeats: untimed and timed runs after the first (compiling) one.
+      seed: seed of the random inputs.
+      quick: whether the quick defaults were used.
+      build: also run the build section, at ``build_length`` / ``analyze_length``.
+    """
+
+    patterns: tuple[str, ...] | None = None
+    lengths: tuple[int, ...] = (1024, 4096)
+    heads: int = 4
+    head_dim: int = 64
+    batch: int = 1
+    dtype: str = "float32"
+    mode: str = "fwd"
+    backend: str = "auto"
+    peers: tuple[str, ...] | None = None
+    warmup: int = 2
+    repeats: int = 10
+    seed: int = 0
+    quick: bool = False
+    build: bool = False
+    build_length: int = 65536
+    analyze_length: int = 8192
+
+    def __post_init__(self):
+        if self.mode not in _MODES:
+            raise ValueError(f"mode must be one of {_MODES}, got {self.mode!r}")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        for name in ("heads", "head_dim", "batch", "repeats", "build_length", "analyze_length"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if not self.lengths or any(not isinstance(s, int) or s <= 0 for s in self.lengths):
+            raise ValueError(f"lengths must be positive ints, got {self.lengths!r}")
+        if self.peers is not None:
+            from splat._peers import PEERS
+
+            bad = [p for p in self.peers if p not in PEERS]
+            if bad:
+                raise ValueError(f"unknown peer(s) {bad}; known: {', '.join(PEERS)}")
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        return ("fwd", "fwdbwd") if self.mode == "both" else (self.mode,)
+
+    @classmethod
+    def defaults(cls, quick: bool = False) -> dict:
+        """Default settings for this machine (quick: a few patterns, one small length)."""
+        gpu = _on_gpu()
+        if quick:
+            return {"lengths": (4096,) if gpu else (1024,), "warmup": 1, "repeats": 3, "quick": True}
+        return {"lengths": (4096, 8192, 16384, 32768) if gpu else (1024, 4096)}
+
+    @classmethod
+    def from_args(cls, args) -> BenchConfig:
+        """Builds a config from ``splat bench``'s parsed arguments; explicit flags beat defaults."""
+        kw = cls.defaults(quick=getattr(args, "quick", False))
+        for f in fields(cls):
+            v = getattr(args, f.name, None)
+            if v is None or f.name == "quick":
+                continue
+            kw[f.name] = tuple(v) if isinstance(v, list) else v
+        return cls(**kw)
+
+
+# --- environment ------------------------------------------------------------------------
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def environment() -> dict:
+    """Device and versions, for the JSON (torch etc. only reported when installed)."""
+    import jax
+
+    dev = jax.devices()[0]
+    versions = {"python": platform.python_version()}
+    for dist in ("jax", "jaxlib", "numpy", "triton", "jax-triton", "tokamax", "torch", "flax"):
+        versions[dist] = _version(dist)
+    return {
+        "device": dev.device_kind,
+        "platform": dev.platform,
+        "jax_backend": jax.default_backend(),
+        "device_count": jax.device_count(),
+        "cpu_count": os.cpu_count(),
+        "machine": platform.machine(),
+        "versions": versions,
+    }
+
+
+# --- patterns -------------------------------------------------------------------------------
+
+
+def _default_catalogue() -> Mapping:
+    cat = importlib.import_module("splat.catalogue")
+    for name in ("BENCH", "CATALOGUE", "PATTERNS"):
+        m = getattr(cat, name, None)
+        if isinstance(m, Mapping):
+            return m
+    raise ImportError("splat.catalogue has no BENCH mapping of name -> mask")
+
+
+def resolve_patterns(
+    names: Sequence[str] | None, catalogue: Mapping | None = None, quick: bool = False
+) -> list[tuple[str, Callable[[int], object]]]:
+    """``[(name, factory(S) -> Mask)]`` for catalogue names or mask specs.
+
+    Args:
+      names: catalogue names, or mask expressions such as ``"sliding_window(64) | sink(4)"``;
+        None = the whole catalogue (its first three entries when ``quick``).
+      catalogue: name -> Mask, or name -> callable(S) -> Mask; default ``splat.catalogue.BENCH``.
+      quick: take only three patterns when ``names`` is None.
+    """
+    from splat import masks
+    from splat.cli import parse_mask_spec
+
+    if catalogue is None:
+        catalogue = _default_catalogue()
+
+    def factory(entry):
+        if isinstance(entry, masks.Mask):
+            return lambda s: entry
+        if callable(entry):
+            return entry
+        raise TypeError(f"catalogue entries must be masks or callables S -> mask, got {type(entry).__name__}")
+
+    if names is None:
+        names = list(catalogue)[:3] if quick else list(catalogue)
+    out = []
+    for name in names:
+        if name in catalogue:
+            out.append((name, factory(catalogue[name])))
+            continue
+        try:
+            m = parse_mask_spec(name)
+        except ValueError as e:
+            raise ValueError(
+                f"pattern {name!r} is neither a catalogue name ({', '.join(catalogue)}) nor a mask spec: {e}"
+            ) from None
+        out.append((name, factory(m)))
+    return out
+
+
+# --- timing ----------------------------------------------------------------------------------
+
+
+def time_call(
+    run: Callable[[], None],
+    warmup: int,
+    repeats: int,
+    *,
+    launch: Callable[[], None] | None = None,
+    sync: Callable[[], None] | None = None,
+    per_sample: int = 1,
+) -> dict:
+    """Milliseconds per run: median, min and all samples.
+
+    Without ``launch``, each sample times one ``run()`` (which must block). With
+    ``launch``/``sync``, each sample enqueues ``per_sample`` runs back to back and
+    waits once, so host dispatch and synchronisation latency overlap device work
+    as in a training loop; the sample is divided by ``per_sample``.
+    """
+    if launch is None or sync is None:
+        launch, sync, per_sample = run, (lambda: None), 1
+    for _ in range(warmup):
+        run()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(per_sample):
+            launch()
+        sync()
+        times.append((time.perf_counter() - t0) * 1e3 / per_sample)
+    return {"ms": statistics.median(times), "ms_min": min(times), "samples_ms": times, "per_sample": per_sample}
+
+
+def useful_flops(batch: int, heads: int, nnz: int, head_dim: int, mode: str) -> float:
+    """``4*B*H*nnz*D`` forward; ``fwdbwd`` counts 3.5x that (FlashAttention convention)."""
+    f = 4.0 * batch * heads * nnz * head_dim
+    return 3.5 * f if mode == "fwdbwd" else f
+
+
+def _short(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {msg[0][:200]}" if msg else type(e).__name__
+
+
+# --- the benchmark -------------------------------------------------------------------------------
+
+
+def run_bench(
+    config: BenchConfig, catalogue: Mapping | None = None, log: Callable[[str], None] = print
+) -> dict:
+    """Runs the benchmark described by ``config``; returns the JSON-ready result.
+
+    Args:
+      config: the settings.
+      catalogue: name -> Mask (or callable S -> Mask); default ``splat.catalogue.BENCH``.
+      log: where progress and the final table go (``print``; pass ``lambda s: None`` to silence).
+
+    Returns:
+      ``{"schema", "created", "environment", "settings", "flop_formula", "ratio_definition",
+      "results": [...], "skipped": [...], "memory": [...], "build": {...} (when asked)}``.
+    """
+    import splat
+    from splat._peers import PEERS, PeerUnavailable, Problem
+
+    env = environment()
+    pats = resolve_patterns(config.patterns, catalogue, quick=config.quick)
+    peer_names = list(config.peers) if config.peers is not None else list(PEERS)
+    if "splat" in peer_names:  # splat first: the ratios need its time
+        peer_names.remove("splat")
+        peer_names.insert(0, "splat")
+    log(f"splat bench on {env['device']} ({env['platform']}); {FLOP_FORMULA}; {RATIO_DEFINITION}")
+
+    results, skipped, memory = [], [], []
+    told = set()
+
+    def skip(base: dict, peer: str, reason: str) -> None:
+        skipped.append({**base, "impl": peer, "reason": reason})
+        if (peer, reason) not in told:  # print each distinct reason once
+            told.add((peer, reason))
+            log(f"  skip {peer}: {reason} ({base['pattern']}, S={base['S']}, {base['mode']})")
+
+    b, h, d = config.batch, config.heads, config.head_dim
+    for name, make in pats:
+        for s in config.lengths:
+            mask = make(s)
+            layout = splat.analyze(mask, q_len=s, kv_len=s)
+            rng = np.random.default_rng(config.seed)
+            q, k, v, do = (rng.standard_normal((b, s, h, d), dtype=np.float32) for _ in range(4))
+            dense_cache: list = []
+            for mode in config.modes:
+                problem = Problem(q, k, v, do, mask, layout, config.dtype, mode, config.backend, dense_cache)
+                flops = useful_flops(b, h, layout.nnz, d, mode)
+                base = {
+                    "pattern": name,
+                    "mask": repr(mask),
+                    "S": s,
+                    "mode": mode,
+                    "nnz": int(layout.nnz),
+                    "density": float(layout.density()),
+                }
+                rows = {}
+                for peer in peer_names:
+                    try:
+                        prepared = PEERS[peer].prepare(problem)
+                        t = time_call(
+                            prepared.run,
+                            config.warmup,
+                            config.repeats,
+                            launch=prepared.launch,
+                            sync=prepared.sync,
+                            per_sample=10 if _on_gpu() else 1,
+                        )
+                    except PeerUnavailable as e:
+                        skip(base, peer, str(e))
+                        continue
+                    except Exception as e:  # a peer that crashes must not end the run; record why
+                        skip(base, peer, f"error: {_short(e)}")
+                        continue
+                    row = {
+                        **base,
+                        "impl": peer,
+                        **t,
+                        "tflops": flops / (t["ms"] * 1e-3) / 1e12,
+                        "temp_bytes": prepared.temp_bytes,
+                        "note": prepared.note,
+                    }
+                    rows[peer] = row
+                    results.append(row)
+                    log(f"  {peer:13s} {name} S={s} {mode}: {t['ms']:.3f} ms")
+                splat_ms = rows["splat"]["ms"] if "splat" in rows else None
+                for row in rows.values():
+                    row["vs_splat"] = None if splat_ms is None else row["ms"] / splat_ms
+                sp, dn = rows.get("splat"), rows.get("dense_xla")
+                if sp and dn and sp["temp_bytes"] is not None and dn["temp_bytes"] is not None:
+                    memory.append(
+                        {
+                            **base,
+                            "splat_temp_bytes": sp["temp_bytes"],
+                            "dense_temp_bytes": dn["temp_bytes"],
+                            "dense_over_splat": dn["temp_bytes"] / max(sp["temp_bytes"], 1),
+                        }
+                    )
+    out = {
+        "schema": SCHEMA,
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "environment": env,
+        "settings": {**asdict(config), "peers": peer_names, "patterns": [n for n, _ in pats]},
+        "flop_formula": FLOP_FORMULA,
+        "ratio_definition": RATIO_DEFINITION,
+        "results": results,
+        "skipped": skipped,
+        "memory": memory,
+    }
+    if config.build:
+        out["build"] = build_section(pats, config.build_length, config.analyze_length, log=log)
+    log(format_table(out))
+    return out
+
+
+# --- build section ---------------------------------------------------------------------------------
+
+
+def _clear_layout_caches() -> bool:
+    """Empties the mask -> layout cache so construction is timed from scratch."""
+    from splat import masks
+
+    fn = getattr(masks, "_to_acsr", None)
+    if fn is not None and hasattr(fn, "cache_clear"):
+        fn.cache_clear()
+        return True
+    return False
+
+
+def build_section(
+    patterns: Sequence[tuple[str, Callable[[int], object]]],
+    length: int = 65536,
+    analyze_length: int = 8192,
+    repeats: int = 3,
+    log: Callable[[str], None] = print,
+) -> dict:
+    """Times ``mask.to_acsr(S, S)`` at ``length`` and ``splat.analyze(dense array)`` at ``analyze_length``.
+
+    Args:
+      patterns: ``[(name, factory(S) -> Mask)]`` as from :func:`resolve_patterns`.
+      length: S for constructing layouts from the mask values (O(S) paths).
+      analyze_length: S of the dense ``[S, S]`` bool rendering given to ``splat.analyze``.
+      repeats: timed runs (median reported); caches are cleared before each.
+
+    Returns:
+      ``{"length", "analyze_length", "cache_cleared", "patterns": [{name, build_ms, analyze_ms, nnz, ...}]}``.
+    """
+    import splat
+
+    rows, cleared = [], True
+    for name, make in patterns:
+        mask = make(length)
+        times = []
+        for _ in range(repeats):
+            cleared &= _clear_layout_caches()
+            t0 = time.perf_counter()
+            layout = mask.to_acsr(length, length)
+            times.append((time.perf_counter() - t0) * 1e3)
+        dense = make(analyze_length).to_acsr(analyze_length, analyze_length).to_dense()
+        a_times = []
+        for _ in range(repeats):
+            cleared &= _clear_layout_caches()
+            t0 = time.perf_counter()
+            found = splat.analyze(dense)
+            a_times.append((time.perf_counter() - t0) * 1e3)
+        row = {
+            "pattern": name,
+            "mask": repr(mask),
+            "build_ms": statistics.median(times),
+            "build_samples_ms": times,
+            "nnz": int(layout.nnz),
+            "segments": len(layout.segments),
+            "closed_forms": sum(sg.closed_form is not None for sg in layout.segments),
+            "residual_blocks": 0 if layout.residual is None else int(layout.residual.num_blocks.sum()),
+            "analyze_ms": statistics.median(a_times),
+            "analyze_samples_ms": a_times,
+            "analyze_nnz": int(found.nnz),
+            "analyze_segments": len(found.segments),
+            "analyze_residual_blocks": 0 if found.residual is None else int(found.residual.num_blocks.sum()),
+        }
+        rows.append(row)
+        log(
+            f"  build {name}: to_acsr({length}) {row['build_ms']:.1f} ms; "
+            f"analyze(dense {analyze_length}^2) {row['analyze_ms']:.1f} ms"
+        )
+    return {"length": length, "analyze_length": analyze_length, "cache_cleared": cleared, "patterns": rows}
+
+
+# --- output ---------------------------------------------------------------------------------------
+
+
+def _fmt_bytes(n) -> str:
+    return "-" if n is None else f"{n / 2**20:.1f}"
+
+
+def format_table(result: dict) -> str:
+    """The results as a text table (plus skips, memory and build sections when present)."""
+    lines = [FLOP_FORMULA, RATIO_DEFINITION, ""]
+    hdr = (
+        f"{'pattern':24s} {'S':>7s} {'mode':6s} {'impl':13s} {'ms':>10s} {'TFLOP/s':>9s} {'x splat':>8s} "
+        f"{'temp MiB':>9s}  note"
+    )
+    lines += [hdr, "-" * len(hdr)]
+    for r in result["results"]:
+        ratio = "-" if r.get("vs_splat") is None else f"{r['vs_splat']:.2f}"
+        lines.append(
+            f"{r['pattern'][:24]:24s} {r['S']:7d} {r['mode']:6s} {r['impl']:13s} {r['ms']:10.3f} "
+            f"{r['tflops']:9.4f} {ratio:>8s} {_fmt_bytes(r['temp_bytes']):>9s}  {r.get('note', '')}"
+        )
+    if result.get("skipped"):
+        lines += ["", "skipped:"]
+        seen = set()
+        for s in result["skipped"]:
+            key = (s["impl"], s["reason"])
+            if key not in seen:
+                seen.add(key)
+                lines.append(f"  {s['impl']:13s} {s['reason']}")
+    if result.get("memory"):
+        lines += ["", "XLA temp memory (MiB): splat vs dense XLA"]
+        for m in result["memory"]:
+            lines.append(
+                f"  {m['pattern'][:24]:24s} S={m['S']:<7d} {m['mode']:6s} "
+                f"splat {_fmt_bytes(m['splat_temp_bytes'])}  dense {_fmt_bytes(m['dense_temp_bytes'])}  "
+                f"dense/splat {m['dense_over_splat']:.1f}x"
+            )
+    if result.get("build"):
+        b = result["build"]
+        lines += [
+            "",
+            f"layout construction at S={b['length']}, analysis of a dense {b['analyze_length']}^2 array:",
+        ]
+        for r in b["patterns"]:
+            lines.append(
+                f"  {r['pattern'][:24]:24s} to_acsr {r['build_ms']:9.1f} ms   "
+                f"analyze {r['analyze_ms']:9.1f} ms   segments {r['segments']} "
+                f"(closed {r['closed_forms']}), residual blocks {r['residual_blocks']}"
+            )
+    return "\n".join(lines)
+
+
+def _jsonable(o):
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(f"not JSON-serialisable: {type(o).__name__}")
+
+
+def write_json(result: dict, path: str) -> None:
+    """Writes ``result`` as indented JSON, creating the folder."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1, default=_jsonable)
+        f.write("\n")
