@@ -259,7 +259,8 @@ def sparse_attention(
             msg = "; ".join(problems)
             if not fallback:
                 raise ValueError(
-                    f"splat.sparse_attention({name}): {msg}. Remove it, or pass fallback=True to run the dense function"
+                    f"splat.sparse_attention({name}): {msg}. "
+                    "Remove it, or pass fallback=True to run the dense function"
                 )
             if msg not in warned:
                 warned.add(msg)

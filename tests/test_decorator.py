@@ -19,13 +19,33 @@ def _qkv(seed, hk=H):
     return [jnp.asarray(rng.standard_normal((B, S, h, D)), jnp.float32) for h in (H, hk, hk)]
 
 
-def dense(query, key, value, bias=None, mask=None, *, scale=None, is_causal=False, query_seq_lengths=None,
-          key_value_seq_lengths=None, local_window_size=None, implementation=None):  # fmt: skip
+def dense(
+    query,
+    key,
+    value,
+    bias=None,
+    mask=None,
+    *,
+    scale=None,
+    is_causal=False,
+    query_seq_lengths=None,
+    key_value_seq_lengths=None,
+    local_window_size=None,
+    implementation=None,
+):
     return jax.nn.dot_product_attention(
-        query, key, value, bias, mask, scale=scale, is_causal=is_causal, query_seq_lengths=query_seq_lengths,
-        key_value_seq_lengths=key_value_seq_lengths, local_window_size=local_window_size,
+        query,
+        key,
+        value,
+        bias,
+        mask,
+        scale=scale,
+        is_causal=is_causal,
+        query_seq_lengths=query_seq_lengths,
+        key_value_seq_lengths=key_value_seq_lengths,
+        local_window_size=local_window_size,
         implementation=implementation,
-    )  # fmt: skip
+    )
 
 
 def _ref64(q, k, v, mask, scale=None):
@@ -56,8 +76,9 @@ def test_mask_combined_with_call_arguments(hk):
     out = jax.jit(lambda q, k, v: attn(q, k, v, is_causal=True, scale=0.2))(q, k, v)
     np.testing.assert_allclose(np.asarray(out), _ref64(q, k, v, WINDOW & (J <= I), 0.2), rtol=1e-4, atol=1e-5)
     out = attn(q, k, v, local_window_size=(3, 1))
-    np.testing.assert_allclose(np.asarray(out), _ref64(q, k, v, WINDOW & (I - J <= 3) & (J - I <= 1)), rtol=1e-4,
-                               atol=1e-5)  # fmt: skip
+    np.testing.assert_allclose(
+        np.asarray(out), _ref64(q, k, v, WINDOW & (I - J <= 3) & (J - I <= 1)), rtol=1e-4, atol=1e-5
+    )
     static = (I + J) % 2 == 0
     out = attn(q, k, v, mask=static[None, None])
     np.testing.assert_allclose(np.asarray(out), _ref64(q, k, v, WINDOW & static), rtol=1e-4, atol=1e-5)
@@ -69,8 +90,10 @@ def test_grad_and_vmap_match_dense():
     full = (np.abs(I - J) <= 6) | (I < 2) | (J < 2)
     w = jnp.asarray(np.random.default_rng(2).standard_normal((B, S, H, D)), jnp.float32)
     ga = jax.grad(lambda q, k, v: (attn(q, k, v, is_causal=True) * w).sum(), (0, 1, 2))(q, k, v)
-    gb = jax.grad(lambda q, k, v: (dense(q, k, v, mask=jnp.asarray(full)[None, None], is_causal=True) * w).sum(),
-                  (0, 1, 2))(q, k, v)  # fmt: skip
+    gb = jax.grad(
+        lambda q, k, v: (dense(q, k, v, mask=jnp.asarray(full)[None, None], is_causal=True) * w).sum(),
+        (0, 1, 2),
+    )(q, k, v)
     for a, b in zip(ga, gb, strict=False):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-5)
     out = jax.vmap(attn)(q, k, v)  # per example [S, H, D]

@@ -41,15 +41,18 @@ def test_splat_gradients_match_dense_twin(cfg):
 
 
 def test_train_cli(capsys):
-    out = train_mod.main("--model longformer --layers 1 --width 16 --heads 2 --seq-len 32 --window 4 --steps 3 "
-                         "--batch 2".split())  # fmt: skip
+    out = train_mod.main(
+        "--model longformer --layers 1 --width 16 --heads 2 --seq-len 32 --window 4 --steps 3 "
+        "--batch 2".split()
+    )
     assert out["attention"] == "splat" and np.isfinite(out["final_loss"])
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["model"] == "longformer"
 
 
 def test_bench_train_tiny(capsys):
-    res = bench_train.main("--layers 2 --width 32 --heads 2 --seq-len 64 --window 8 --dtype float32 --steps 4 "
-                           "--vocab 32".split())  # fmt: skip
+    res = bench_train.main(
+        "--layers 2 --width 32 --heads 2 --seq-len 64 --window 8 --dtype float32 --steps 4 --vocab 32".split()
+    )
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     for key in ("device", "versions", "splat", "dense", "speedup_dense_over_splat", "loss_max_abs_dev"):
         assert key in printed

@@ -16,8 +16,9 @@ I, J = np.arange(S)[:, None], np.arange(S)[None, :]  # noqa: E741
 
 
 def _mha(attention_fn, seed=0, **kw):
-    return nnx.MultiHeadAttention(num_heads=NH, in_features=F, decode=False, attention_fn=attention_fn,
-                                  rngs=nnx.Rngs(seed), **kw)  # fmt: skip
+    return nnx.MultiHeadAttention(
+        num_heads=NH, in_features=F, decode=False, attention_fn=attention_fn, rngs=nnx.Rngs(seed), **kw
+    )
 
 
 def _dense_fn(mask):
@@ -40,8 +41,9 @@ def test_matches_dense_module_output_and_grads(batch):
     dense_mask = (np.abs(I - J) <= 4) | (I < 1) | (J < 1)
     sp, de = _mha(splat.flax.attention_fn(m)), _mha(_dense_fn(dense_mask))
     x = _x(1, batch + (S, F))
-    np.testing.assert_allclose(np.asarray(nnx.jit(lambda mod, x: mod(x))(sp, x)), np.asarray(de(x)), rtol=1e-4,
-                               atol=1e-5)  # fmt: skip
+    np.testing.assert_allclose(
+        np.asarray(nnx.jit(lambda mod, x: mod(x))(sp, x)), np.asarray(de(x)), rtol=1e-4, atol=1e-5
+    )
 
     def loss(mod, x):
         return (mod(x) ** 2).sum()
@@ -55,8 +57,9 @@ def test_is_causal_and_call_mask():
     sp = _mha(splat.flax.attention_fn(masks.sliding_window(5)))
     de = _mha(_dense_fn(np.abs(I - J) <= 5))
     x = _x(2)
-    np.testing.assert_allclose(np.asarray(sp(x, is_causal=True)), np.asarray(de(x, is_causal=True)), rtol=1e-4,
-                               atol=1e-5)  # fmt: skip
+    np.testing.assert_allclose(
+        np.asarray(sp(x, is_causal=True)), np.asarray(de(x, is_causal=True)), rtol=1e-4, atol=1e-5
+    )
     static = (I + J) % 3 != 1
     out = sp(x, mask=jnp.asarray(static)[None, None])
     ref = _mha(_dense_fn((np.abs(I - J) <= 5) & static))(x)
