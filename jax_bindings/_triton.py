@@ -14,6 +14,8 @@ raises ImportError otherwise (the dispatcher then uses the ``"jax"`` backend).
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,6 +23,10 @@ import numpy as np
 from acsr import ACSR
 from splat import _codegen as cg
 
+# jax_triton 0.3.x sets TRITON_CACHE_DIR="" at import, for the whole process: every later
+# Triton compile outside jax_triton (torch.compile / FlexAttention, Triton's own driver
+# helpers) then fails with "Could not create or locate cache dir". Put the variable back.
+_CACHE_ENV = os.environ.get("TRITON_CACHE_DIR")
 try:
     import jax_triton as _jt
     import triton as _triton  # noqa: F401
@@ -28,6 +34,12 @@ except Exception as e:  # jax_triton raises more than ImportError on CPU-only JA
     raise ImportError(
         f"the triton backend needs triton and jax_triton on a CUDA JAX ({type(e).__name__}: {e})"
     ) from e
+finally:
+    if os.environ.get("TRITON_CACHE_DIR") == "":
+        if _CACHE_ENV:
+            os.environ["TRITON_CACHE_DIR"] = _CACHE_ENV
+        else:  # unset (or blanked by an earlier jax_triton import): Triton's default folder
+            del os.environ["TRITON_CACHE_DIR"]
 
 
 class UnsupportedError(NotImplementedError, ValueError):

@@ -10,7 +10,7 @@
 
 from splat._codegen._cache import cache_dir, load, source
 from splat._codegen._ops import Call, bwd_calls, fwd_call, sddmm_call, softmax_call, spmm_call
-from splat._codegen._spec import KernelSpec, Plan, ResSpec, SegSpec, plan, transpose_slots, transposed
+from splat._codegen._spec import KernelSpec, Plan, ResSpec, SegSpec, Tiles, plan, transpose_slots, transposed
 
 __all__ = [
     "Call",
@@ -18,6 +18,7 @@ __all__ = [
     "Plan",
     "ResSpec",
     "SegSpec",
+    "Tiles",
     "bwd_calls",
     "cache_dir",
     "fwd_call",
