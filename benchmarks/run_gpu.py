@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--peers", nargs="+", default=None)
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--build", action="store_true", help="also the layout construction section")
+    p.add_argument("--quick", action="store_true", help="one short length, few repeats: checks the set-up")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
 
@@ -45,9 +46,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     if jax.default_backend() != "gpu":
         print("warning: no GPU visible to JAX; timing the CPU instead", file=sys.stderr)
+    quick = _bench.BenchConfig.defaults(quick=True) if args.quick else {}
     config = _bench.BenchConfig(
         patterns=tuple(args.patterns) if args.patterns else None,
-        lengths=tuple(args.lengths),
+        lengths=tuple(quick.get("lengths", args.lengths)),
         heads=args.heads,
         head_dim=args.head_dim,
         batch=args.batch,
@@ -55,8 +57,9 @@ def main(argv: list[str] | None = None) -> dict:
         mode=args.mode,
         backend=args.backend,
         peers=tuple(args.peers) if args.peers else None,
-        warmup=3,
-        repeats=args.repeats,
+        warmup=quick.get("warmup", 3),
+        repeats=quick.get("repeats", args.repeats),
+        quick=args.quick,
         build=args.build,
     )
     result = _bench.run_bench(config)

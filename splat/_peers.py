@@ -414,7 +414,13 @@ def _prep_flex(problem: Problem) -> Prepared:
             return expr(q_idx, kv_idx)
 
     block_mask = fa.create_block_mask(mask_mod, B=None, H=None, Q_LEN=s, KV_LEN=s, device="cuda")
-    flex = torch.compile(fa.flex_attention)
+    # every pattern and size compiles its own kernel: lift dynamo's recompile limits, or later
+    # patterns silently fall back to eager FlexAttention (dense scores, a tiny fraction of its speed)
+    dynamo = importlib.import_module("torch._dynamo").config
+    for name, limit in (("cache_size_limit", 256), ("recompile_limit", 256), ("accumulated_cache_size_limit", 4096)):
+        if hasattr(dynamo, name):
+            setattr(dynamo, name, max(limit, getattr(dynamo, name)))
+    flex = torch.compile(fa.flex_attention, dynamic=False)
     return _torch_prepared(torch, lambda q, k, v: flex(q, k, v, block_mask=block_mask), problem, note)
 
 
