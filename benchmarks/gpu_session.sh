@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One batched session on the GPU machine: each argument is a stage, run in order.
 #   tests        the gpu-marked suite (pytest -m gpu), log in $OUT/gpu_tests.log
-#   sanitize     the Triton GPU tests under compute-sanitizer memcheck (one allocation per buffer)
+#   sanitize     every kernel variant under compute-sanitizer memcheck (benchmarks/sanitize_kernels.py)
 #   bench:L1,L2  benchmarks/run_gpu.py at those sequence lengths -> $OUT/gpu-bench-L1-L2.json
 #   train        examples.bench_train (GPT-style model, S=8192) -> $OUT/train.json
 # Usage there (after the wheel install prefix): bash benchmarks/gpu_session.sh tests sanitize
@@ -14,12 +14,14 @@ for stage in "$@"; do
   echo "=== $stage $(date +%T)"
   case $stage in
     tests)
-      timeout 330 python3 -m pytest -q -m gpu tests -p no:cacheprovider -rs >"$OUT/gpu_tests.log" 2>&1
+      # the flax tests are CPU-only (no gpu marker); flax 0.12 does not import with jax 0.11
+      timeout 330 python3 -m pytest -q -m gpu tests -p no:cacheprovider -rs --ignore=tests/test_flax.py \
+        --ignore=tests/test_examples.py --ignore=tests/test_sparsify.py >"$OUT/gpu_tests.log" 2>&1
       echo "pytest rc=$?"; tail -4 "$OUT/gpu_tests.log" ;;
     sanitize)
-      XLA_PYTHON_CLIENT_ALLOCATOR=platform timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 \
-        python3 -m pytest -q -m gpu tests/test_triton_gpu.py -p no:cacheprovider >"$OUT/sanitizer.log" 2>&1
-      echo "sanitizer rc=$?"; grep -E "ERROR SUMMARY|passed|failed|Invalid" "$OUT/sanitizer.log" | tail -5 ;;
+      PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 \
+        python3 benchmarks/sanitize_kernels.py >"$OUT/sanitizer.log" 2>&1
+      echo "sanitizer rc=$?"; grep -E "ERROR SUMMARY|launches|Invalid|Error" "$OUT/sanitizer.log" | tail -6 ;;
     bench:*)
       lengths=${stage#bench:}
       tag=${lengths//,/-}

@@ -1,0 +1,48 @@
+"""Every generated Triton kernel variant, launched once on the GPU for compute-sanitizer.
+
+Uses the interpreter suite's cases (tests/test_triton_kernels.py: windows, dilated,
+strided, block-local, unions, residual, masked rows, per-row-array and modular walks)
+at head dim 64 in float16, through the torch launcher, so no XLA kernels run under
+the sanitizer. Checks the fused output against the unfused SDDMM -> softmax -> SpMM
+path and every result for finiteness.
+
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --error-exitcode 9 \
+        python3 benchmarks/sanitize_kernels.py
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from splat import _codegen as cg
+from splat._codegen._launch import run_torch
+from tests.test_triton_kernels import CASES, _inputs, _layout
+
+
+def main() -> None:
+    launched = 0
+    for name in CASES:
+        layout = _layout(name)
+        arrays = _inputs(layout, seed=1, H=2, Hkv=1, D=64, dtype=np.float16)
+        q, k, v, do = (torch.from_numpy(a).cuda() for a in arrays)
+        scale = 64**-0.5
+        out, lse = run_torch(cg.fwd_call(layout, q.shape, k.shape, "float16", scale), q, k, v)
+        cq, ck = cg.bwd_calls(layout, q.shape, k.shape, "float16", scale)
+        dq, delta = run_torch(cq, q, k, v, do, out, lse)
+        dk, dv = run_torch(ck, q, k, v, do, lse, delta)
+        (s,) = run_torch(cg.sddmm_call(layout, q.shape, k.shape, "float16"), q, k)
+        (p,) = run_torch(cg.softmax_call(layout, s.shape, "float16", scale), s)
+        (o,) = run_torch(cg.spmm_call(layout, p.shape, v.shape, "float16"), p, v)
+        torch.cuda.synchronize()
+        launched += 7
+        for what, t in (("out", out), ("dq", dq), ("dk", dk), ("dv", dv), ("spmm", o)):
+            assert torch.isfinite(t.float()).all(), f"{name}: non-finite {what}"
+        err = ((o.float() - out.float()).abs().max() / out.float().abs().max().clamp(min=1)).item()
+        assert err < 2e-2, f"{name}: fused and unfused outputs differ by {err:.3g}"
+        print(f"{name:18s} 7 kernels ok (fused vs unfused {err:.1e})")
+    print(f"{launched} launches over {len(CASES)} layouts")
+
+
+if __name__ == "__main__":
+    main()
