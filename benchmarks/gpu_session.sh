@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One batched session on the GPU machine: each argument is a stage, run in order.
 #   tests        the gpu-marked suite (pytest -m gpu), log in $OUT/gpu_tests.log
+#   softmax      the gpu-marked unfused softmax tests alone
 #   sanitize     every kernel variant under compute-sanitizer memcheck (benchmarks/sanitize_kernels.py)
 #   bench:L1,L2  benchmarks/run_gpu.py at those sequence lengths -> $OUT/gpu-bench-L1-L2.json
 #   train        examples.bench_train (GPT-style model, S=8192) -> $OUT/train.json
@@ -13,6 +14,8 @@ nvidia-smi -L
 for stage in "$@"; do
   echo "=== $stage $(date +%T)"
   case $stage in
+    softmax)
+      timeout 200 python3 -m pytest -q -m gpu tests/test_ops.py -k softmax -p no:cacheprovider 2>&1 | tail -3 ;;
     tests)
       # the flax tests are CPU-only (no gpu marker); flax 0.12 does not import with jax 0.11
       timeout 330 python3 -m pytest -q -m gpu tests -p no:cacheprovider -rs --ignore=tests/test_flax.py \

@@ -21,21 +21,13 @@ import json
 import platform
 import time
 
+import flax.nnx as nnx
 import jax
-import jax.experimental.hijax as _hijax
+import numpy as np
+import optax
 
-# flax 0.12.8, the newest release, subclasses jax.experimental.hijax.HiPrimitive, which
-# jax 0.11 (the GPU machine's) renamed HiPrim; alias it so the benchmark can import flax
-# there. The loss curve against the dense twin checks the run is sound.
-if not hasattr(_hijax, "HiPrimitive") and hasattr(_hijax, "HiPrim"):
-    _hijax.HiPrimitive = _hijax.HiPrim
-
-import flax.nnx as nnx  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
-
-from examples.models import GPTConfig, build  # noqa: E402
-from examples.train import make_batch, train_step  # noqa: E402
+from examples.models import GPTConfig, build
+from examples.train import make_batch, train_step
 
 
 def _versions() -> dict:

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from acsr import ACSR
+from jax_bindings import _pure
 from splat import _codegen as cg
 
 # jax_triton 0.3.x sets TRITON_CACHE_DIR="" at import, for the whole process: every later
@@ -140,11 +141,8 @@ def sddmm_bwd(q, k, ds, layout: ACSR):
 
 
 def softmax_bwd(probs, dprobs, layout: ACSR, scale: float):
-    """``scale * p * (dp - sum(p * dp))`` per row (0 at padding, where p is 0)."""
-    p = probs.astype(jnp.float32)
-    dp = dprobs.astype(jnp.float32)
-    ds = scale * p * (dp - jnp.sum(p * dp, axis=-1, keepdims=True))
-    return ds.astype(probs.dtype)
+    """Elementwise JAX, shared with the pure backend (padding slots masked out of the row sums)."""
+    return _pure.softmax_bwd(probs, dprobs, layout, scale)
 
 
 def spmm_bwd(probs, v, dout, layout: ACSR):
