@@ -28,7 +28,7 @@ for stage in "$@"; do
     bench:*)
       lengths=${stage#bench:}
       tag=${lengths//,/-}
-      timeout 450 python3 benchmarks/run_gpu.py --lengths ${lengths//,/ } --repeats 10 \
+      timeout 520 python3 benchmarks/run_gpu.py --lengths ${lengths//,/ } --repeats 6 \
         --out "$OUT/gpu-bench-$tag.json" >"$OUT/bench-$tag.log" 2>&1
       echo "bench rc=$?"; grep -vE "^\s*$" "$OUT/bench-$tag.log" | tail -75 ;;
     train)

@@ -47,25 +47,40 @@ def main(argv: list[str] | None = None) -> dict:
     if jax.default_backend() != "gpu":
         print("warning: no GPU visible to JAX; timing the CPU instead", file=sys.stderr)
     quick = _bench.BenchConfig.defaults(quick=True) if args.quick else {}
-    config = _bench.BenchConfig(
-        patterns=tuple(args.patterns) if args.patterns else None,
-        lengths=tuple(quick.get("lengths", args.lengths)),
-        heads=args.heads,
-        head_dim=args.head_dim,
-        batch=args.batch,
-        dtype=args.dtype,
-        mode=args.mode,
-        backend=args.backend,
-        peers=tuple(args.peers) if args.peers else None,
-        warmup=quick.get("warmup", 3),
-        repeats=quick.get("repeats", args.repeats),
-        quick=args.quick,
-        build=args.build,
-    )
-    result = _bench.run_bench(config)
-    device = re.sub(r"[^A-Za-z0-9]+", "-", result["environment"]["device"]).strip("-").lower()
-    out = args.out or os.path.join(HERE, "results", f"{device}-{dt.date.today().isoformat()}.json")
-    _bench.write_json(result, out)
+    from splat import catalogue
+
+    names = list(args.patterns) if args.patterns else list(catalogue.BENCH)
+    if args.quick:
+        names = names[:3]
+    result, out = None, args.out
+    # one pattern at a time, the JSON rewritten after each: a run cut short keeps what it measured
+    for name in names:
+        config = _bench.BenchConfig(
+            patterns=(name,),
+            lengths=tuple(quick.get("lengths", args.lengths)),
+            heads=args.heads,
+            head_dim=args.head_dim,
+            batch=args.batch,
+            dtype=args.dtype,
+            mode=args.mode,
+            backend=args.backend,
+            peers=tuple(args.peers) if args.peers else None,
+            warmup=quick.get("warmup", 3),
+            repeats=quick.get("repeats", args.repeats),
+            build=args.build and name == names[0],
+        )
+        part = _bench.run_bench(config)
+        if result is None:
+            result = part
+            result["settings"]["patterns"] = names
+        else:
+            for key in ("results", "skipped", "memory"):
+                result[key] += part[key]
+        if out is None:
+            device = re.sub(r"[^A-Za-z0-9]+", "-", result["environment"]["device"]).strip("-").lower()
+            out = os.path.join(HERE, "results", f"{device}-{dt.date.today().isoformat()}.json")
+        _bench.write_json(result, out)
+        print(f"wrote {out} ({len(result['results'])} timings)", flush=True)
     try:
         plot_bench(result, os.path.splitext(out)[0] + ".png")
     except ImportError as e:
