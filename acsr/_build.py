@@ -69,9 +69,7 @@ def residual_from_csr(indptr, cols, q_len: int, kv_len: int, block=DEFAULT_BLOCK
 
 def _pad_k(parts: list[np.ndarray], fill: int) -> np.ndarray:
     k = max(p.shape[1] for p in parts)
-    return np.concatenate(
-        [np.pad(p, ((0, 0), (0, k - p.shape[1])), constant_values=fill) for p in parts]
-    )
+    return np.concatenate([np.pad(p, ((0, 0), (0, k - p.shape[1])), constant_values=fill) for p in parts])
 
 
 def from_row_chunks(q_len: int, kv_len: int, chunks, **kw) -> ACSR:
@@ -116,7 +114,9 @@ def _residual_chunk(chunk: np.ndarray, block) -> tuple[np.ndarray, np.ndarray, n
     return kv_blocks, num, bits
 
 
-def from_dense_chunks(q_len: int, kv_len: int, make_chunk, *, block=DEFAULT_BLOCK, chunk_rows: int = 1024) -> ACSR:
+def from_dense_chunks(
+    q_len: int, kv_len: int, make_chunk, *, block=DEFAULT_BLOCK, chunk_rows: int = 1024
+) -> ACSR:
     """Layout of a mask given as ``make_chunk(r0, r1) -> bool [r1 - r0, kv_len]``.
 
     Peak memory is one chunk plus the layout; an irregular mask (some row needs
@@ -135,8 +135,12 @@ def from_dense_chunks(q_len: int, kv_len: int, make_chunk, *, block=DEFAULT_BLOC
         return from_row_chunks(q_len, kv_len, parts, block=block)
     pieces = [_residual_chunk(make_chunk(r0, min(q_len, r0 + step)), block) for r0 in starts]
     width = max(p[0].shape[1] for p in pieces)
-    kv_blocks = np.concatenate([np.pad(p[0], ((0, 0), (0, width - p[0].shape[1])), constant_values=-1) for p in pieces])
-    bits = np.concatenate([np.pad(p[2], ((0, 0), (0, width - p[2].shape[1]), (0, 0), (0, 0))) for p in pieces])
+    kv_blocks = np.concatenate(
+        [np.pad(p[0], ((0, 0), (0, width - p[0].shape[1])), constant_values=-1) for p in pieces]
+    )
+    bits = np.concatenate(
+        [np.pad(p[2], ((0, 0), (0, width - p[2].shape[1]), (0, 0), (0, 0))) for p in pieces]
+    )
     num = np.concatenate([p[1] for p in pieces])
     return ACSR(q_len, kv_len, (), BlockResidual(block[0], block[1], kv_blocks, num, bits))
 
@@ -240,7 +244,7 @@ def _interval_transpose(seg, kv_len: int):
         return None
     cols = np.arange(kv_len)
     parts = []
-    for r, b, e in zip(np.split(rows, cut), np.split(base, cut), np.split(end, cut)):
+    for r, b, e in zip(np.split(rows, cut), np.split(base, cut), np.split(end, cut), strict=True):
         lo = r[0] + np.searchsorted(e, cols, side="right")
         hi = r[0] + np.searchsorted(b, cols, side="right")
         parts.append((lo, np.maximum(hi, lo)))
@@ -316,14 +320,16 @@ def validate(layout: ACSR) -> None:
         bad = (s.count > 0) & ((s.base < 0) | (s.end() > kv))
         if np.any(bad):
             r = int(np.argmax(bad))
-            raise LayoutError(
-                f"segment {k}: row {r} columns [{s.base[r]}, {s.end()[r]}) leave [0, {kv})"
-            )
+            raise LayoutError(f"segment {k}: row {r} columns [{s.base[r]}, {s.end()[r]}) leave [0, {kv})")
         if np.any((s.count == 0) & (s.base != 0)) or np.any((s.count <= 1) & (s.stride != 1)):
-            raise LayoutError(f"segment {k}: padding not canonical (empty rows need base 0, short rows stride 1)")
+            raise LayoutError(
+                f"segment {k}: padding not canonical (empty rows need base 0, short rows stride 1)"
+            )
         if s.closed_form is not None:
             b, st, c = s.closed_form.evaluate(q)
-            if not (np.array_equal(b, s.base) and np.array_equal(st, s.stride) and np.array_equal(c, s.count)):
+            if not (
+                np.array_equal(b, s.base) and np.array_equal(st, s.stride) and np.array_equal(c, s.count)
+            ):
                 raise LayoutError(f"segment {k}: closed form disagrees with its per-row arrays")
     r = layout.residual
     if r is not None:

@@ -11,12 +11,14 @@ Example:
   (1, 64, 2, 16)
 """
 
-from splat import masks
+from splat import (
+    flax,  # noqa: E402  (imports flax itself only when used)
+    masks,
+)
 from splat._analyzer import Report, analyze, report
 from splat._attention import attention, sddmm, softmax, spmm
 from splat._decorator import SparseAttentionFallbackWarning, sparse_attention
 from splat._sparsify import SparsifyWarning, sparsify
-from splat import flax  # noqa: E402  (imports flax itself only when used)
 
 __version__ = "0.1.0"
 

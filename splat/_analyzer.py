@@ -36,7 +36,8 @@ def _as_mask(mask) -> _masks.Mask | None:
             a = a[0]
         if a.ndim != 2:
             raise ValueError(
-                f"mask array must be [q_len, kv_len] (leading axes of size 1 allowed), got shape {np.shape(mask)}"
+                "mask array must be [q_len, kv_len] (leading axes of size 1 allowed), "
+                f"got shape {np.shape(mask)}"
             )
         return _masks.from_array(a)
     raise TypeError(
@@ -111,7 +112,9 @@ class Report:
         for k, s in enumerate(self.segments):
             stride = "varies" if s.stride is None else s.stride
             law = s.closed_form or "none (per-row arrays)"
-            lines.append(f"segment {k}   stride {stride}, width {s.width}, {s.nnz} nonzeros; closed form: {law}")
+            lines.append(
+                f"segment {k}   stride {stride}, width {s.width}, {s.nnz} nonzeros; closed form: {law}"
+            )
         if self.residual_blocks:
             lines.append(f"residual    {self.residual_blocks} blocks (block-sparse, irregular part)")
         return "\n".join(lines)
@@ -151,7 +154,9 @@ def report(mask, q_len: int | None = None, kv_len: int | None = None) -> Report:
     else:
         strides = {s.uniform_stride for s in layout.segments}
         kind = "strided/dilated" if strides - {1} else "contiguous"
-        family = f"{kind}, {len(layout.segments)} segment(s) (found in {'array' if m is not None else 'layout'})"
+        family = (
+            f"{kind}, {len(layout.segments)} segment(s) (found in {'array' if m is not None else 'layout'})"
+        )
     rc = layout.row_counts()
     segs = tuple(
         SegmentReport(

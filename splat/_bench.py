@@ -48,7 +48,9 @@ __all__ = [
     "write_json",
 ]
 
-FLOP_FORMULA = "useful FLOPs = 4*B*H*nnz*D (forward); forward+backward counts 3.5x that (backward = 2.5x forward)"
+FLOP_FORMULA = (
+    "useful FLOPs = 4*B*H*nnz*D (forward); forward+backward counts 3.5x that (backward = 2.5x forward)"
+)
 RATIO_DEFINITION = "x splat = peer median ms / splat median ms (> 1: splat is faster)"
 SCHEMA = "splat-bench/1"
 
@@ -251,7 +253,12 @@ def time_call(
             launch()
         sync()
         times.append((time.perf_counter() - t0) * 1e3 / per_sample)
-    return {"ms": statistics.median(times), "ms_min": min(times), "samples_ms": times, "per_sample": per_sample}
+    return {
+        "ms": statistics.median(times),
+        "ms_min": min(times),
+        "samples_ms": times,
+        "per_sample": per_sample,
+    }
 
 
 def useful_flops(batch: int, heads: int, nnz: int, head_dim: int, mode: str) -> float:

@@ -417,7 +417,11 @@ def _prep_flex(problem: Problem) -> Prepared:
     # every pattern and size compiles its own kernel: lift dynamo's recompile limits, or later
     # patterns silently fall back to eager FlexAttention (dense scores, a tiny fraction of its speed)
     dynamo = importlib.import_module("torch._dynamo").config
-    for name, limit in (("cache_size_limit", 256), ("recompile_limit", 256), ("accumulated_cache_size_limit", 4096)):
+    for name, limit in (
+        ("cache_size_limit", 256),
+        ("recompile_limit", 256),
+        ("accumulated_cache_size_limit", 4096),
+    ):
         if hasattr(dynamo, name):
             setattr(dynamo, name, max(limit, getattr(dynamo, name)))
     flex = torch.compile(fa.flex_attention, dynamic=False)

@@ -71,7 +71,9 @@ class Mask:
 
 def _check_mask(m, op: str) -> Mask:
     if not isinstance(m, Mask):
-        raise TypeError(f"cannot combine a Mask with {type(m).__name__} using {op!r}; wrap arrays in masks.from_array")
+        raise TypeError(
+            f"cannot combine a Mask with {type(m).__name__} using {op!r}; wrap arrays in masks.from_array"
+        )
     return m
 
 
@@ -81,14 +83,20 @@ def _to_acsr(mask: Mask, q_len: int, kv_len: int, block: tuple[int, int]) -> ACS
     if runs is not None:
         return acsr.from_runs(q_len, kv_len, *runs, block=block)
     return acsr.from_dense_chunks(
-        q_len, kv_len, lambda r0, r1: mask._dense_rows(r0, r1, kv_len), block=block, chunk_rows=max(1, _CHUNK_ELEMS // kv_len)
+        q_len,
+        kv_len,
+        lambda r0, r1: mask._dense_rows(r0, r1, kv_len),
+        block=block,
+        chunk_rows=max(1, _CHUNK_ELEMS // kv_len),
     )
 
 
 def _one_run(base, count, stride=None) -> Runs:
     count = np.maximum(np.asarray(count, np.int64), 0)
     base = np.where(count > 0, base, 0).astype(np.int64)
-    stride = np.ones_like(base) if stride is None else np.broadcast_to(np.asarray(stride, np.int64), base.shape)
+    stride = (
+        np.ones_like(base) if stride is None else np.broadcast_to(np.asarray(stride, np.int64), base.shape)
+    )
     stride = np.where(count > 1, stride, 1)
     return base[:, None], stride[:, None].copy(), count[:, None]
 
@@ -219,7 +227,9 @@ class BlockLocal(Mask):
 
     def _runs(self, q_len, kv_len):
         b = np.arange(q_len) // self.block
-        return _interval(np.maximum((b - self.lookback) * self.block, 0), np.minimum((b + 1) * self.block, kv_len))
+        return _interval(
+            np.maximum((b - self.lookback) * self.block, 0), np.minimum((b + 1) * self.block, kv_len)
+        )
 
 
 @dataclass(frozen=True)
@@ -249,7 +259,9 @@ class Sink(Mask):
         _int_arg("n", self.n, 1)
 
     def __call__(self, q_idx, kv_idx):
-        return np.broadcast_to(np.asarray(kv_idx) < self.n, np.broadcast_shapes(np.shape(q_idx), np.shape(kv_idx)))
+        return np.broadcast_to(
+            np.asarray(kv_idx) < self.n, np.broadcast_shapes(np.shape(q_idx), np.shape(kv_idx))
+        )
 
     def _runs(self, q_len, kv_len):
         r = np.arange(q_len)
@@ -374,7 +386,9 @@ class FromArray(Mask):
         q_len = shape[0] if q_len is None else q_len
         kv_len = shape[1] if kv_len is None else kv_len
         if (q_len, kv_len) != shape:
-            raise ValueError(f"mask array has shape {shape}, but the attention is {q_len} x {kv_len} (q_len x kv_len)")
+            raise ValueError(
+                f"mask array has shape {shape}, but the attention is {q_len} x {kv_len} (q_len x kv_len)"
+            )
         return super().to_acsr(q_len, kv_len, block=block)
 
     def _dense_rows(self, r0, r1, kv_len):

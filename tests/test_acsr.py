@@ -55,7 +55,7 @@ def test_canonical_runs_contiguous_then_isolated_progressions():
     row[0, [10, 14, 18]] = True  # isolated, stride 4
     row[0, [30]] = True  # isolated: joins the stride-4 run? no: 30 - 18 = 12 != 4
     base, stride, count = acsr.runs_from_dense(row)
-    got = sorted(zip(base[0].tolist(), stride[0].tolist(), count[0].tolist()))
+    got = sorted(zip(base[0].tolist(), stride[0].tolist(), count[0].tolist(), strict=True))
     assert got == [(0, 1, 4), (10, 4, 3), (30, 1, 1)]
 
 
@@ -124,7 +124,9 @@ def test_validate_names_the_broken_invariant():
     neg = Segment(seg.base, seg.stride, seg.count - 2)
     with pytest.raises(LayoutError, match="negative count"):
         ACSR(6, 6, (neg,)).validate()
-    wrong_law = Segment(seg.base, seg.stride, seg.count, acsr.from_dense(np.eye(6, dtype=bool)).segments[0].closed_form)
+    wrong_law = Segment(
+        seg.base, seg.stride, seg.count, acsr.from_dense(np.eye(6, dtype=bool)).segments[0].closed_form
+    )
     with pytest.raises(LayoutError, match="closed form"):
         ACSR(6, 6, (wrong_law,)).validate()
     with pytest.raises(LayoutError, match="overlap"):
@@ -151,7 +153,11 @@ def test_analytic_transpose_equals_enumeration():
     from acsr._build import _enumerated_transpose, _fast_transpose
     from splat import catalogue, masks
 
-    extra = [masks.causal() & masks.dilated_window(12, 2), masks.sliding_window(3, 40), masks.sink(1) | masks.causal()]
+    extra = [
+        masks.causal() & masks.dilated_window(12, 2),
+        masks.sliding_window(3, 40),
+        masks.sink(1) | masks.causal(),
+    ]
     used = 0
     for m in [*catalogue.SMALL.values(), *extra]:
         for shape in [(97, 97), (60, 131), (131, 60), (1, 9)]:

@@ -20,7 +20,9 @@ UNIONS = {
     for a, b in itertools.combinations(["sliding_window", "dilated_window", "strided", "block_local"], 2)
 }
 UNIONS["sink|strided|causal_window"] = masks.sink(2) | masks.strided(16) | masks.sliding_window(5, 0)
-UNIONS["global|block_local|dilated"] = masks.global_tokens(2) | masks.block_local(16) | masks.dilated_window(30, 4)
+UNIONS["global|block_local|dilated"] = (
+    masks.global_tokens(2) | masks.block_local(16) | masks.dilated_window(30, 4)
+)
 
 
 @pytest.mark.parametrize("name", list(FAMILIES) + list(UNIONS))
@@ -30,7 +32,7 @@ def test_analyze_dense_equals_constructor(name, shape):
     built = m.to_acsr(*shape)
     found = splat.analyze(_dense(m, *shape))
     assert found == built  # same segments, per-row arrays and closed forms
-    for a, b in zip(found.segments, built.segments):
+    for a, b in zip(found.segments, built.segments, strict=True):
         assert a.closed_form == b.closed_form
 
 
