@@ -455,3 +455,21 @@ def test_rectangular_and_odd_sizes_through_api(rng):
     out = api.attention(q, k, v, mask, backend="jax")
     ref, _ = attention_ref(q, k, v, mask.to_acsr(33, 57), 1 / math.sqrt(D))
     assert_close("rect", out, ref, jnp.float32)
+
+
+def test_s777_global_window_forward_and_grads_float32(rng):
+    """A size that is a multiple of no tile: S = 777, Longformer mask, GQA, fwd and grads."""
+    s, h, hk, d = 777, 4, 2, 32
+    mask = masks.global_tokens(3) | masks.sliding_window(40, 40)
+    q = jnp.asarray(rng.standard_normal((1, s, h, d)), jnp.float32)
+    k, v = (jnp.asarray(rng.standard_normal((1, s, hk, d)), jnp.float32) for _ in range(2))
+    do = jnp.asarray(rng.standard_normal((1, s, h, d)), jnp.float32)
+    scale = 1 / math.sqrt(d)
+    out, vjp = jax.vjp(lambda q, k, v: api.attention(q, k, v, mask, backend="jax"), q, k, v)
+    layout = mask.to_acsr(s, s)
+    ref, _ = attention_ref(q, k, v, layout, scale)
+    assert_close("S=777 out", out, ref, jnp.float32)
+    for name, got, want in zip(
+        ("dq", "dk", "dv"), vjp(do), attention_grads_ref(q, k, v, layout, scale, do), strict=True
+    ):
+        assert_close(f"S=777 {name}", got, want, jnp.float32)
