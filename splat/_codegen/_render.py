@@ -341,6 +341,21 @@ def _spmm_tile(acc, Prow, Vb, cols, keep, slot, IS_FULL: tl.constexpr):
 '''
 
 
+def _row_block_head(kv: str, *, load_q: bool) -> list[str]:
+    """Opening lines of a query-row kernel: batch/head indices, the row block's Q offset,
+    base pointers of the key/value tensors named in ``kv`` ("K", "V" or "KV"), and Q's rows."""
+    lines = [
+        "b = pid_bh // H",
+        "h = pid_bh % H",
+        "hk = h // GROUP",
+        "bq = b.to(tl.int64) * (Q_LEN * Q_ROW) + h * D",
+    ]
+    lines += [f"{t}b = {t} + b.to(tl.int64) * (KV_LEN * KV_ROW) + hk * D" for t in kv]
+    if load_q:
+        lines.append("q = _load_rows(Q + bq, rows, valid, Q_ROW, False)")
+    return lines
+
+
 def _kernel(spec: KernelSpec) -> str:
     op = spec.op
     meta = "".join(f"{m}, " for m in spec.meta_names())
@@ -349,14 +364,8 @@ def _kernel(spec: KernelSpec) -> str:
         sig = f"Q, K, V, {meta}Out, Lse, SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr"
         body = (
             pro
+            + _row_block_head("KV", load_q=True)
             + [
-                "b = pid_bh // H",
-                "h = pid_bh % H",
-                "hk = h // GROUP",
-                "bq = b.to(tl.int64) * (Q_LEN * Q_ROW) + h * D",
-                "Kb = K + b.to(tl.int64) * (KV_LEN * KV_ROW) + hk * D",
-                "Vb = V + b.to(tl.int64) * (KV_LEN * KV_ROW) + hk * D",
-                "q = _load_rows(Q + bq, rows, valid, Q_ROW, False)",
                 "m_i = tl.full([BLOCK_M], float('-inf'), tl.float32)",
                 "l_i = tl.zeros([BLOCK_M], tl.float32)",
                 "acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)",
@@ -381,14 +390,8 @@ def _kernel(spec: KernelSpec) -> str:
         sig = f"Q, K, V, DO, Out, Lse, {meta}DQ, Delta, SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr"
         body = (
             pro
+            + _row_block_head("KV", load_q=True)
             + [
-                "b = pid_bh // H",
-                "h = pid_bh % H",
-                "hk = h // GROUP",
-                "bq = b.to(tl.int64) * (Q_LEN * Q_ROW) + h * D",
-                "Kb = K + b.to(tl.int64) * (KV_LEN * KV_ROW) + hk * D",
-                "Vb = V + b.to(tl.int64) * (KV_LEN * KV_ROW) + hk * D",
-                "q = _load_rows(Q + bq, rows, valid, Q_ROW, False)",
                 "do = _load_rows(DO + bq, rows, valid, Q_ROW, False)",
                 "lrow = (b * H + h).to(tl.int64) * Q_LEN + rows",
                 "lse2 = tl.load(Lse + lrow, mask=valid, other=0.0) * LOG2E",
@@ -457,13 +460,8 @@ def _kernel(spec: KernelSpec) -> str:
             ]
         body = (
             pro
+            + _row_block_head("K", load_q=True)
             + [
-                "b = pid_bh // H",
-                "h = pid_bh % H",
-                "hk = h // GROUP",
-                "bq = b.to(tl.int64) * (Q_LEN * Q_ROW) + h * D",
-                "Kb = K + b.to(tl.int64) * (KV_LEN * KV_ROW) + hk * D",
-                "q = _load_rows(Q + bq, rows, valid, Q_ROW, False)",
                 "Srow = S + ((b * H + h).to(tl.int64) * ROWS + rows) * NNZ",
             ]
             + _segments_rowinfo(spec)
@@ -480,12 +478,8 @@ def _kernel(spec: KernelSpec) -> str:
         sig = f"P, V, {meta}Out, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr"
         body = (
             pro
+            + _row_block_head("V", load_q=False)
             + [
-                "b = pid_bh // H",
-                "h = pid_bh % H",
-                "hk = h // GROUP",
-                "bq = b.to(tl.int64) * (Q_LEN * Q_ROW) + h * D",
-                "Vb = V + b.to(tl.int64) * (KV_LEN * KV_ROW) + hk * D",
                 "Prow = P + ((b * H + h).to(tl.int64) * ROWS + rows) * NNZ",
                 "acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)",
             ]
