@@ -166,9 +166,7 @@ def to_csr(layout: ACSR) -> tuple[np.ndarray, np.ndarray]:
         indptr, cols = csr_from_runs(np.hstack(parts_b), np.hstack(parts_s), np.hstack(parts_c))
         cols_list.append((np.repeat(np.arange(layout.q_len), np.diff(indptr)), cols))
     if layout.residual is not None:
-        r = layout.residual
-        i, j, a, u = np.nonzero(r.bits)
-        cols_list.append((i * r.block_q + a, r.kv_blocks[i, j].astype(np.int64) * r.block_kv + u))
+        cols_list.append(layout.residual.nonzeros())
     if not cols_list:
         return np.zeros(layout.q_len + 1, np.int64), np.zeros(0, np.int64)
     rows = np.concatenate([c[0] for c in cols_list])

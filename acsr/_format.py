@@ -138,11 +138,15 @@ class BlockResidual:
     def width(self) -> int:
         return self.max_blocks * self.block_kv
 
+    def nonzeros(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(rows, columns)``, int64, of every set bit."""
+        i, j, a, u = np.nonzero(self.bits)
+        return i * self.block_q + a, self.kv_blocks[i, j].astype(np.int64) * self.block_kv + u
+
     def dense(self, q_len: int, kv_len: int) -> np.ndarray:
         """Boolean ``[q_len, kv_len]`` rendering of the residual alone."""
-        i, j, a, u = np.nonzero(self.bits)
         out = np.zeros((q_len, kv_len), bool)
-        out[i * self.block_q + a, self.kv_blocks[i, j].astype(np.int64) * self.block_kv + u] = True
+        out[self.nonzeros()] = True
         return out
 
 
