@@ -265,15 +265,16 @@ def test_transpose_slots_roundtrip():
 
 
 @pytest.mark.parametrize("name", ["global_window", "dilated", "window"])
-@pytest.mark.parametrize("split_full", [True, False])
-def test_fused_walk_variants(name, split_full):
-    """Single masked loop (split_full=False) and heaviest-row-blocks-first launch order."""
+@pytest.mark.parametrize("loop", ["fused", "split", "single"])
+def test_fused_walk_variants(name, loop):
+    """Each tile walk (fused run-time edge test, split runs, single masked loop) and
+    heaviest-row-blocks-first launch order."""
     sq = 256
     layout = acsr.from_dense(_mask(name, sq, sq), block=(16, 16))
     mask = layout.to_dense()
-    tiles = (*TILES, split_full)
+    tiles = (*TILES, loop)
     p = cg.plan("fwd", layout, dtype="float32", head_dim=16, num_heads=2, num_kv_heads=1, tiles=tiles)
-    assert p.spec.split_full is split_full
+    assert p.spec.loop == loop
     # global rows walk all 256 columns, window row blocks ~60: their row block goes first
     assert p.spec.ordered is (name == "global_window")
     q, k, v, do = _inputs(layout, seed=21)

@@ -5,8 +5,9 @@ Structure (which segments, their modes, closed-form laws, residual, row
 permutation, shapes) is decided here, in Python, and baked into the text;
 tile sizes and flags stay ``tl.constexpr``. Every op shares one row-block
 walk: per segment, per-row ranges ``[ub, ue)`` in compressed column space,
-the block's key tiles split into partial / full / partial runs (full tiles lie
-inside every row's range and skip masking), then the residual's key blocks.
+the block's key tiles in one loop (edge tiles mask under a run-time test,
+interior tiles lie inside every row's range and skip masking) or in partial /
+full / partial runs, then the residual's key blocks.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def _stride_expr(k: int, s: SegSpec) -> str:
     return f"s{k}" if s.stride == 0 else str(s.stride)
 
 
-def _ranges(k: int, s: SegSpec, split_full: bool = True) -> list[str]:
+def _ranges(k: int, s: SegSpec, loop: str) -> list[str]:
     """Lines defining ph{k}, ub{k}, ue{k} and the tile counts fa{k} <= fb{k} <= nt{k}."""
     L = []
     if s.mode == "dense":
@@ -91,9 +92,7 @@ def _ranges(k: int, s: SegSpec, split_full: bool = True) -> list[str]:
         f"lo{k} = tl.minimum(tl.min(tl.where(n{k} > 0, ub{k}, {_BIG}), 0), hi{k})",
         f"nt{k} = (hi{k} - lo{k} + BLOCK_N - 1) // BLOCK_N",
     ]
-    if s.mode == "modular" or not split_full:
-        pass
-    else:
+    if loop != "single":
         L += [
             f"flo{k} = tl.max(tl.where(valid, ub{k}, 0), 0)",
             f"fhi{k} = tl.min(tl.where(valid, ue{k}, {_BIG}), 0)",
@@ -103,13 +102,14 @@ def _ranges(k: int, s: SegSpec, split_full: bool = True) -> list[str]:
     return L
 
 
-def _tile_prelude(k: int, s: SegSpec, full: bool, need_slot: bool) -> list[str]:
+def _tile_prelude(k: int, s: SegSpec, kind: str, need_slot: bool) -> list[str]:
+    """Lines defining u, cols and (``kind`` "partial", or "full" for the unfused ops) keep, slot."""
     ls = s.stride if s.mode == "aligned" else 1
     L = [f"u = lo{k} + i * BLOCK_N + offs_n", f"cols = ph{k} + {ls} * u" if ls != 1 else "cols = u"]
     rel = f"u[None, :] - ub{k}[:, None]"
-    if full:
+    if kind == "full" and need_slot:
         L.append("keep = valid[:, None]")
-    else:
+    elif kind == "partial":
         cond = f"(u[None, :] >= ub{k}[:, None]) & (u[None, :] < ue{k}[:, None])"
         if s.mode == "modular":
             st = f"s{k}[:, None]" if s.stride == 0 else str(s.stride)
@@ -124,19 +124,44 @@ def _tile_prelude(k: int, s: SegSpec, full: bool, need_slot: bool) -> list[str]:
     return L
 
 
+# Tile-function mask arguments (cols, keep, u, ub, ue, part, MASK) per tile kind; see _fwd_tile.
+_MASK_ARGS = {
+    "full": "cols, None, None, None, None, None, MASK=0",
+    "partial": "cols, keep, None, None, None, None, MASK=1",
+    "lazy": "cols, None, u, ub{k}, ue{k}, (i < fa{k}) | (i >= fb{k}), MASK=2",
+}
+
+
+def _loop(spec: KernelSpec, s: SegSpec, fused_op: bool) -> str:
+    """The tile walk of one segment: "fused", "split" or "single" (see KernelSpec.loop)."""
+    if s.mode == "modular":
+        return "single"
+    if spec.loop == "fused" and not fused_op:
+        return "split"
+    return spec.loop
+
+
 def _walk(spec: KernelSpec, call: str, need_slot: bool, res_call: str | None = None) -> list[str]:
-    """The per-segment tile loops and the residual loop; ``call`` has ``{FULL}``."""
+    """The per-segment tile loops and the residual loop.
+
+    ``call`` is the tile call with ``{MASK}`` (fused attention kernels: the tile
+    function's mask arguments) or ``{FULL}`` (unfused ops: the IS_FULL flag).
+    """
+    fused_op = "{MASK}" in call
     L = []
     for k, s in enumerate(spec.segments):
+        loop = _loop(spec, s, fused_op)
         L.append(
-            f"# -- segment {k}: {s.mode}, stride {s.stride or 'per row'}, {s.source}, slots [{s.slot_offset}, +{s.width})"
+            f"# -- segment {k}: {s.mode}, stride {s.stride or 'per row'}, {s.source}, slots [{s.slot_offset}, +{s.width}), {loop} loop"
         )
-        runs = (("0", f"fa{k}", False), (f"fa{k}", f"fb{k}", True), (f"fb{k}", f"nt{k}", False))
-        if s.mode == "modular" or not spec.split_full:
-            runs = (("0", f"nt{k}", False),)
-        for a, b, full in runs:
+        if loop == "split":
+            runs = (("0", f"fa{k}", "partial"), (f"fa{k}", f"fb{k}", "full"), (f"fb{k}", f"nt{k}", "partial"))
+        else:
+            runs = (("0", f"nt{k}", "lazy" if loop == "fused" else "partial"),)
+        for a, b, kind in runs:
             L.append(f"for i in range({a}, {b}):")
-            body = _tile_prelude(k, s, full, need_slot) + [call.format(FULL=full)]
+            text = call.format(FULL=kind == "full", MASK=_MASK_ARGS[kind].format(k=k))
+            body = _tile_prelude(k, s, kind, need_slot) + [text]
             L += ["    " + x for x in body]
     if spec.residual is not None:
         r = spec.residual
@@ -155,7 +180,7 @@ def _walk(spec: KernelSpec, call: str, need_slot: bool, res_call: str | None = N
         ]
         if need_slot:
             L.append(f"    slot = {r.slot_offset} + j * {r.block_kv} + offs_r[None, :] + 0 * offs_m[:, None]")
-        L.append("    " + (res_call or call).format(FULL=False))
+        L.append("    " + (res_call or call).format(FULL=False, MASK=_MASK_ARGS["partial"]))
     return L
 
 
@@ -177,10 +202,10 @@ def _rows_prologue(spec: KernelSpec) -> list[str]:
     return L
 
 
-def _segments_rowinfo(spec: KernelSpec) -> list[str]:
+def _segments_rowinfo(spec: KernelSpec, fused_op: bool) -> list[str]:
     L = []
     for k, s in enumerate(spec.segments):
-        L += _rowinfo(k, s) + _ranges(k, s, spec.split_full)
+        L += _rowinfo(k, s) + _ranges(k, s, _loop(spec, s, fused_op))
     return L
 
 
@@ -234,7 +259,9 @@ def _header(spec: KernelSpec) -> str:
         #   ph, ub, ue   column phase and per-row range [ub, ue) in compressed column space u:
         #                col = ph + stride * u for aligned segments, col = u otherwise
         #   fa, fb, nt   tiles [0, fa) and [fb, nt) are partial (masked), [fa, fb) full
-        #   IS_FULL      the tile lies inside every row's range: no masking at all
+        #   MASK         0: full tile, no masking; 1: mask with the given keep; 2: build the
+        #                range mask from (u, ub, ue) only when the run-time flag part is set
+        #   IS_FULL      (unfused ops, loads) the tile lies inside every row's range
         #   keep         [BLOCK_M, BLOCK_N] membership of (row, column) in the mask
         #   slot         value-array slot of (row, column) for the unfused ops
         import triton
@@ -271,15 +298,24 @@ def _load_rows(base, idx, ok, ROW: tl.constexpr, IS_FULL: tl.constexpr):
 
 
 @triton.jit
-def _fwd_tile(acc, m_i, l_i, q, Kb, Vb, cols, keep, QK_SCALE: tl.constexpr, IS_FULL: tl.constexpr):
-    k = _load_rows(Kb, cols, cols < KV_LEN, KV_ROW, IS_FULL)
-    v = _load_rows(Vb, cols, cols < KV_LEN, KV_ROW, IS_FULL)
+def _in_range(u, ub, ue):
+    """[BLOCK_M, BLOCK_N] membership of compressed columns u in each row's [ub, ue)."""
+    return (u[None, :] >= ub[:, None]) & (u[None, :] < ue[:, None])
+
+
+@triton.jit
+def _fwd_tile(acc, m_i, l_i, q, Kb, Vb, QK_SCALE: tl.constexpr, cols, keep, u, ub, ue, part, MASK: tl.constexpr):
+    k = _load_rows(Kb, cols, cols < KV_LEN, KV_ROW, MASK == 0)
+    v = _load_rows(Vb, cols, cols < KV_LEN, KV_ROW, MASK == 0)
     s = tl.dot(q, tl.trans(k), input_precision=PREC)
-    if not IS_FULL:
+    if MASK == 1:
         s = tl.where(keep, s, float("-inf"))
+    if MASK == 2:
+        if part:  # an edge tile: only these build and apply the mask
+            s = tl.where(_in_range(u, ub, ue), s, float("-inf"))
     # scores stay unscaled: max first, then one FMA per score (QK_SCALE > 0 keeps the argmax)
     m_new = tl.maximum(m_i, tl.max(s, 1) * QK_SCALE)
-    if IS_FULL:  # every row has a finite score here
+    if MASK == 0:  # every row has a finite score here
         m_use = m_new
     else:  # rows with nothing yet: subtract 0, exp2(-inf) = 0
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -291,13 +327,16 @@ def _fwd_tile(acc, m_i, l_i, q, Kb, Vb, cols, keep, QK_SCALE: tl.constexpr, IS_F
 
 
 @triton.jit
-def _dq_tile(dq, q, do, lse2, delta, Kb, Vb, cols, keep, QK_SCALE: tl.constexpr, IS_FULL: tl.constexpr):
-    k = _load_rows(Kb, cols, cols < KV_LEN, KV_ROW, IS_FULL)
-    v = _load_rows(Vb, cols, cols < KV_LEN, KV_ROW, IS_FULL)
+def _dq_tile(dq, q, do, lse2, delta, Kb, Vb, QK_SCALE: tl.constexpr, cols, keep, u, ub, ue, part, MASK: tl.constexpr):
+    k = _load_rows(Kb, cols, cols < KV_LEN, KV_ROW, MASK == 0)
+    v = _load_rows(Vb, cols, cols < KV_LEN, KV_ROW, MASK == 0)
     s = tl.dot(q, tl.trans(k), input_precision=PREC)
     p = tl.math.exp2(s * QK_SCALE - lse2[:, None])
-    if not IS_FULL:
+    if MASK == 1:
         p = tl.where(keep, p, 0.0)
+    if MASK == 2:
+        if part:
+            p = tl.where(_in_range(u, ub, ue), p, 0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=PREC)
     ds = p * (dp - delta[:, None])
     dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
@@ -305,16 +344,19 @@ def _dq_tile(dq, q, do, lse2, delta, Kb, Vb, cols, keep, QK_SCALE: tl.constexpr,
 
 
 @triton.jit
-def _dkdv_tile(dk, dv, k, v, Qb, DOb, Lb, Db, cols, keep, QK_SCALE: tl.constexpr, IS_FULL: tl.constexpr):
+def _dkdv_tile(dk, dv, k, v, Qb, DOb, Lb, Db, QK_SCALE: tl.constexpr, cols, keep, u, ub, ue, part, MASK: tl.constexpr):
     ok = cols < Q_LEN
-    q = _load_rows(Qb, cols, ok, Q_ROW, IS_FULL)
-    do = _load_rows(DOb, cols, ok, Q_ROW, IS_FULL)
+    q = _load_rows(Qb, cols, ok, Q_ROW, MASK == 0)
+    do = _load_rows(DOb, cols, ok, Q_ROW, MASK == 0)
     lse2 = tl.load(Lb + cols, mask=ok, other=0.0) * LOG2E
     delta = tl.load(Db + cols, mask=ok, other=0.0)
     st = tl.dot(k, tl.trans(q), input_precision=PREC)
     pt = tl.math.exp2(st * QK_SCALE - lse2[None, :])
-    if not IS_FULL:
+    if MASK == 1:
         pt = tl.where(keep, pt, 0.0)
+    if MASK == 2:
+        if part:
+            pt = tl.where(_in_range(u, ub, ue), pt, 0.0)
     dv += tl.dot(pt.to(do.dtype), do, input_precision=PREC)
     dpt = tl.dot(v, tl.trans(do), input_precision=PREC)
     dst = pt * (dpt - delta[None, :])
@@ -370,10 +412,10 @@ def _kernel(spec: KernelSpec) -> str:
                 "l_i = tl.zeros([BLOCK_M], tl.float32)",
                 "acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)",
             ]
-            + _segments_rowinfo(spec)
+            + _segments_rowinfo(spec, True)
             + _walk(
                 spec,
-                "acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q, Kb, Vb, cols, keep, SCALE * LOG2E, IS_FULL={FULL})",
+                "acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q, Kb, Vb, SCALE * LOG2E, {MASK})",
                 False,
             )
             + [
@@ -401,10 +443,10 @@ def _kernel(spec: KernelSpec) -> str:
                 "tl.store(Delta + lrow, delta, mask=valid)",
                 "dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)",
             ]
-            + _segments_rowinfo(spec)
+            + _segments_rowinfo(spec, True)
             + _walk(
                 spec,
-                "dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, cols, keep, SCALE * LOG2E, IS_FULL={FULL})",
+                "dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, SCALE * LOG2E, {MASK})",
                 False,
             )
             + [
@@ -417,7 +459,7 @@ def _kernel(spec: KernelSpec) -> str:
         sig = f"Q, K, V, DO, Lse, Delta, {meta}DK, DV, SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr"
         walk = _walk(
             spec,
-            "dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lb, Db, cols, keep, SCALE * LOG2E, IS_FULL={FULL})",
+            "dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lb, Db, SCALE * LOG2E, {MASK})",
             False,
         )
         body = (
@@ -431,7 +473,7 @@ def _kernel(spec: KernelSpec) -> str:
                 "dk = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)",
                 "dv = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)",
             ]
-            + _segments_rowinfo(spec)
+            + _segments_rowinfo(spec, True)
             + [
                 "for g in range(0, GROUP):",
                 "    h = hk * GROUP + g",
@@ -464,7 +506,7 @@ def _kernel(spec: KernelSpec) -> str:
             + [
                 "Srow = S + ((b * H + h).to(tl.int64) * ROWS + rows) * NNZ",
             ]
-            + _segments_rowinfo(spec)
+            + _segments_rowinfo(spec, False)
             + _walk(
                 spec,
                 "_sddmm_tile(q, Kb, Srow, valid, cols, keep, slot, IS_FULL={FULL}, STORE_ALL=False)",
@@ -483,7 +525,7 @@ def _kernel(spec: KernelSpec) -> str:
                 "Prow = P + ((b * H + h).to(tl.int64) * ROWS + rows) * NNZ",
                 "acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)",
             ]
-            + _segments_rowinfo(spec)
+            + _segments_rowinfo(spec, False)
             + _walk(spec, "acc = _spmm_tile(acc, Prow, Vb, cols, keep, slot, IS_FULL={FULL})", True)
             + [
                 "tl.store(Out + bq + rows[:, None] * Q_ROW + offs_d[None, :], acc.to(Out.dtype.element_ty),"

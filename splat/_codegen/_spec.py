@@ -71,8 +71,13 @@ class KernelSpec:
 
     ``rows``/``cols`` are the layout's ``q_len``/``kv_len``; for ``bwd_dkdv``
     the layout is the transposed one (rows are keys, columns are queries).
-    ``split_full``: walk each stride-1 / aligned segment as partial, full
-    (unmasked) and partial tile runs (three loops); ``False``: one masked loop.
+    ``loop``: how the fused attention kernels (fwd, bwd_dq, bwd_dkdv) walk a
+    stride-1 / aligned segment's key tiles: ``"fused"`` one software-pipelined
+    loop whose edge tiles (known per row block at run time) build and apply the
+    mask under a run-time test, interior tiles skip it; ``"split"`` three loops
+    (partial, full, partial) with the mask decided at compile time;
+    ``"single"`` one loop masking every tile. The unfused ops walk ``"fused"``
+    as ``"split"``.
     ``ordered``: programs take row blocks from an ``Order`` operand, heaviest
     first, with the grid's fastest axis over batch x heads (load balance for
     layouts with a few very long rows, e.g. global tokens).
@@ -93,7 +98,7 @@ class KernelSpec:
     nnz_max: int
     num_warps: int = 4
     num_stages: int = 2
-    split_full: bool = True
+    loop: str = "fused"
     ordered: bool = False
 
     @property
@@ -123,13 +128,16 @@ class KernelSpec:
 
 
 class Tiles(NamedTuple):
-    """Tile configuration of one kernel (``tiles=`` accepts a plain 4- or 5-tuple too)."""
+    """Tile configuration of one kernel (``tiles=`` accepts a plain 4- or 5-tuple too).
+
+    ``loop``: ``"fused"``, ``"split"`` or ``"single"`` (see :class:`KernelSpec`).
+    """
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
-    split_full: bool = True
+    loop: str = "fused"
 
 
 @dataclass(frozen=True, eq=False)
@@ -141,21 +149,32 @@ class Plan:
     row_blocks: int
 
 
+LOOPS = ("fused", "split", "single")
+
 # -- tile defaults ------------------------------------------------------------
 
 # (block_m, block_n, num_warps, num_stages) per op for head dims <= 128 on Hopper-class GPUs.
 _GPU_TILES = {
-    "fwd": (64, 64, 4, 3),  # best of 6 configs on H200 (window, causal window, dilated; NOTES.md)
-    "bwd_dq": (64, 32, 4, 3),  # best of 7 on H200, window256 / dilated (NOTES.md, GPU helper 2)
-    "bwd_dkdv": (64, 64, 4, 2),  # best window+dilated sum of 8 (NOTES.md, GPU helper 2)
-    "sddmm": (64, 64, 4, 2),
-    "softmax": (64, 64, 4, 1),
-    "spmm": (64, 64, 4, 2),
+    "fwd": (64, 64, 4, 3),  # best of 15 walks x tiles on H200 for rows of <= ~1k keys (NOTES.md)
+    "bwd_dq": (64, 32, 4, 3),  # H200, fused loop: best window + dilated + causal-window sum (NOTES.md)
+    "bwd_dkdv": (64, 32, 4, 3),  # H200, fused loop: +5% window, +21% dilated over 64x64x2 split
+    # unfused ops, H200 sweep at S=16384 (NOTES.md): spmm 2.0x, softmax 1.6x, sddmm 1.04x
+    "sddmm": (64, 64, 4, 3),
+    "softmax": (16, 256, 4, 2),
+    "spmm": (64, 128, 4, 2),
 }
+# Long rows (causal, full, global): bigger tiles with 8 warps pay off once a row block
+# walks enough tiles to amortise its prologue (H200, S=16384: forward 494 vs 422 TF/s
+# causal at 128x128; dq 556 vs 463 at 128x64; 1k-key rows lose 3-10% with them).
+_LONG_ROW = 2048
+_LONG_TILES = {"fwd": (128, 128, 8, 3), "bwd_dq": (128, 64, 8, 3)}
 
 
-def default_tiles(op: str, head_dim: int, dtype: str = "bfloat16") -> Tiles:
+def default_tiles(op: str, head_dim: int, dtype: str = "bfloat16", row_keys: float = 0.0) -> Tiles:
+    """Heuristic tiles for ``op``; ``row_keys``: mean keys per query row of the layout."""
     bm, bn, w, st = _GPU_TILES[op]
+    if op in _LONG_TILES and row_keys >= _LONG_ROW and head_dim <= 128 and dtype != "float32":
+        bm, bn, w, st = _LONG_TILES[op]
     if dtype == "float32":  # exact (ieee) fp32 dots: smaller tiles compile and run far better
         bm, bn, w = min(bm, 64), min(bn, 32), 4
     if head_dim > 128:
@@ -274,7 +293,7 @@ def plan(
       dtype: element dtype of q/k/v (``float16``, ``bfloat16``, ``float32``).
       head_dim: D.
       num_heads, num_kv_heads: H and H_kv (H_kv divides H).
-      tiles: :class:`Tiles` (or ``(block_m, block_n, num_warps, num_stages[, split_full])``);
+      tiles: :class:`Tiles` (or ``(block_m, block_n, num_warps, num_stages[, loop])``);
         defaults per op.
     """
     if op not in OPS:
@@ -289,7 +308,10 @@ def plan(
 
 @functools.lru_cache(maxsize=256)
 def _plan_cached(op, layout: ACSR, dtype, head_dim, num_heads, num_kv_heads, tiles) -> Plan:
-    bm, bn, warps, stages, split = tiles or default_tiles(op, head_dim, dtype)
+    row_keys = layout.nnz / max(layout.q_len, 1)
+    bm, bn, warps, stages, loop = tiles or default_tiles(op, head_dim, dtype, row_keys)
+    if loop not in LOOPS:
+        raise ValueError(f"tile loop must be one of {LOOPS}, got {loop!r}")
     res = layout.residual
     if res is not None:
         if res.block_kv < 16 or res.block_kv & (res.block_kv - 1):
@@ -352,7 +374,7 @@ def _plan_cached(op, layout: ACSR, dtype, head_dim, num_heads, num_kv_heads, til
         nnz_max=layout.nnz_max,
         num_warps=warps,
         num_stages=stages,
-        split_full=bool(split),
+        loop=loop,
         ordered=order is not None,
     )
     meta = tuple(np.ascontiguousarray(m, dtype=np.int8 if m.dtype == np.int8 else np.int32) for m in meta)
