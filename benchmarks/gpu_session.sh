@@ -5,6 +5,9 @@
 #   sanitize     every kernel variant under compute-sanitizer memcheck (benchmarks/sanitize_kernels.py)
 #   bench:L1,L2  benchmarks/run_gpu.py at those sequence lengths -> $OUT/gpu-bench-L1-L2.json
 #   train        examples.bench_train (GPT-style model, S=8192) -> $OUT/train.json
+#   compile      benchmarks/compile_time.py (cold / warm first-call times) -> $OUT/compile_time.json
+#   unfused      benchmarks/unfused_bw.py (sddmm / softmax / spmm vs copy bandwidth) -> $OUT/unfused_bw.json
+#   tune         benchmarks/tune_kernels.py (kernel-structure variants, S=16384) -> $OUT/tune.json
 # Usage there (after the wheel install prefix): bash benchmarks/gpu_session.sh tests sanitize
 set -u
 OUT=${OUT:-/tmp/splat-out}
@@ -32,8 +35,23 @@ for stage in "$@"; do
         --out "$OUT/gpu-bench-$tag.json" >"$OUT/bench-$tag.log" 2>&1
       echo "bench rc=$?"; grep -vE "^\s*$" "$OUT/bench-$tag.log" | tail -75 ;;
     train)
-      timeout 300 python3 -m examples.bench_train >"$OUT/train.json" 2>"$OUT/train.log"
+      timeout 560 python3 -m examples.bench_train >"$OUT/train.json" 2>"$OUT/train.log"
       echo "train rc=$?"; tail -c 2500 "$OUT/train.json"; tail -5 "$OUT/train.log" ;;
+    compile)
+      timeout 400 python3 benchmarks/compile_time.py --out "$OUT/compile_time.json" >"$OUT/compile_time.log" 2>&1
+      echo "compile rc=$?"; tail -25 "$OUT/compile_time.log" ;;
+    unfused)
+      timeout 300 python3 benchmarks/unfused_bw.py --out "$OUT/unfused_bw.json" >"$OUT/unfused_bw.log" 2>&1
+      echo "unfused rc=$?"; tail -30 "$OUT/unfused_bw.log" ;;
+    tune)
+      timeout 420 python3 benchmarks/tune_kernels.py --out "$OUT/tune.json" >"$OUT/tune.log" 2>&1
+      echo "tune rc=$?"; grep -E "^TUNE" "$OUT/tune.log" | python3 -c "
+import json, sys
+for l in sys.stdin:
+    r = json.loads(l[5:])
+    t = r.get('tflops')
+    print(r['kind'], r['pattern'], r.get('variant', r.get('impl')), r.get('tiles'), f'{t:.1f}' if t else r.get('error', '')[:150], f\"err {r['err_vs_first']:.1e}\" if 'err_vs_first' in r else '')
+"; tail -8 "$OUT/tune.log" ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done

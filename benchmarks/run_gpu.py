@@ -3,7 +3,10 @@
 Writes ``benchmarks/results/<device>-<date>.json`` and a PNG beside it. Peers that
 are not installed or do not support a mask are skipped with the reason printed
 (cuDNN: full/causal/causal-window only; FlexAttention and torch SDPA need torch
-with CUDA; tokamax needs tokamax).
+with CUDA; tokamax needs tokamax). Every peer's output is checked against
+splat's on the same inputs (torch SDPA excepted: it runs with no mask); a peer
+that disagrees is printed with a warning, still timed, and listed under
+``disagreements`` in the JSON.
 
 Usage (on a CUDA machine, after ``make test`` has built the venv with the cuda extra)::
 
@@ -74,7 +77,7 @@ def main(argv: list[str] | None = None) -> dict:
             result = part
             result["settings"]["patterns"] = names
         else:
-            for key in ("results", "skipped", "memory"):
+            for key in ("results", "skipped", "memory", "disagreements"):
                 result[key] += part[key]
         if out is None:
             device = re.sub(r"[^A-Za-z0-9]+", "-", result["environment"]["device"]).strip("-").lower()
@@ -85,6 +88,13 @@ def main(argv: list[str] | None = None) -> dict:
         plot_bench(result, os.path.splitext(out)[0] + ".png")
     except ImportError as e:
         print(f"no plot: {e}", file=sys.stderr)
+    bad = result["disagreements"]
+    if bad:
+        print(f"WARNING: {len(bad)} peer output(s) disagree with splat's:", file=sys.stderr)
+        for d in bad:
+            err, tol = d["max_abs_err_vs_splat"], d["check_tolerance"]
+            what = d["check"] if err is None else f"max|diff| {err:.4g} > tolerance {tol:.4g}"
+            print(f"  {d['impl']} {d['pattern']} S={d['S']} {d['dtype']}: {what}", file=sys.stderr)
     print(f"wrote {out}")
     return result
 

@@ -14,6 +14,15 @@ so a dense peer that computes all S x S scores is credited with the same useful
 work as splat. ``x splat`` in the table is ``peer ms / splat ms``: above 1 means
 splat is faster.
 
+Every peer's forward output is checked against splat's on the same inputs,
+once per (pattern, S, dtype); fwd+bwd rows reuse the forward check. A row
+records ``max_abs_err_vs_splat`` (max ``|peer - splat|`` over the output, both
+cast to float32), ``agrees`` (see :data:`CHECK_RULE`) and ``check`` (what was
+compared, or why not: ``torch_sdpa`` runs with no mask by design). Splat itself
+is tested against a float64 reference in ``tests/``; a peer that disagrees is
+still timed, printed with a loud warning and listed under ``disagreements``,
+since a speed ratio against a peer computing another mask means nothing.
+
 Optional sections: ``build`` (time to construct each pattern's ACSR at S = 65536
 with caches cleared, and to analyze a dense 8192 x 8192 bool rendering) and
 ``memory`` (XLA's temp bytes, ``compiled.memory_analysis().temp_size_in_bytes``,
@@ -23,6 +32,7 @@ of splat and of dense XLA for each problem).
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import importlib
 import importlib.metadata
 import json
@@ -36,9 +46,12 @@ from dataclasses import asdict, dataclass, fields
 import numpy as np
 
 __all__ = [
+    "CHECK_RTOL",
+    "CHECK_RULE",
     "BenchConfig",
     "FLOP_FORMULA",
     "build_section",
+    "compare_outputs",
     "environment",
     "format_table",
     "resolve_patterns",
@@ -53,6 +66,19 @@ FLOP_FORMULA = (
 )
 RATIO_DEFINITION = "x splat = peer median ms / splat median ms (> 1: splat is faster)"
 SCHEMA = "splat-bench/1"
+
+# Output check tolerance, relative to max|splat out|, per input dtype. Two correct kernels differ
+# by summation order and by where they round (scores, P before the PV matmul, the output): unit
+# roundoff 2^-8 for bfloat16, 2^-11 for float16 and for float32 run as TF32 (the default of XLA
+# and Triton float32 matmuls on NVIDIA GPUs), so one output ulp alone can be 2^-7 (bf16) or 2^-10
+# of max|out|. Measured on CPU at D=128 (catalogue.BENCH, S=2048): splat_unfused and dense XLA
+# are within 0.8% (bf16) and 0.15% (fp16) of splat. The tolerances sit 3-4x above that (~4 output
+# ulps); a wrong mask moves outputs by a sizeable fraction of their magnitude.
+CHECK_RTOL = {"float32": 5e-3, "float16": 5e-3, "bfloat16": 3e-2}
+CHECK_RULE = (
+    "agrees: max|peer out - splat out| <= rtol * max|splat out|, forward output on the same inputs, "
+    "both cast to float32; rtol = " + ", ".join(f"{v:g} ({k})" for k, v in CHECK_RTOL.items())
+)
 
 _MODES = ("fwd", "fwdbwd", "both")
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -287,7 +313,11 @@ def run_bench(
 
     Returns:
       ``{"schema", "created", "environment", "settings", "flop_formula", "ratio_definition",
-      "results": [...], "skipped": [...], "memory": [...], "build": {...} (when asked)}``.
+      "check_rule", "results": [...], "skipped": [...], "memory": [...], "disagreements": [...],
+      "build": {...} (when asked)}``. Each result row carries its output check
+      (``max_abs_err_vs_splat``, ``rel_err_vs_splat``, ``check_tolerance``, ``agrees``,
+      ``check``); ``disagreements`` lists each (pattern, S, dtype, peer) whose output
+      is not within tolerance of splat's.
     """
     import splat
     from splat._peers import PEERS, PeerUnavailable, Problem
@@ -300,10 +330,12 @@ def run_bench(
         peer_names.insert(0, "splat")
     log(f"splat bench on {env['device']} ({env['platform']}); {FLOP_FORMULA}; {RATIO_DEFINITION}")
 
-    results, skipped, memory = [], [], []
+    results, skipped, memory, disagreements = [], [], [], []
     told = set()
 
-    def skip(base: dict, peer: str, reason: str) -> None:
+    def skip(base: dict, peer: str, reason: str, check: _OutputCheck) -> None:
+        if peer == "splat":
+            check.no_reference(f"splat skipped: {reason}")
         skipped.append({**base, "impl": peer, "reason": reason})
         if (peer, reason) not in told:  # print each distinct reason once
             told.add((peer, reason))
@@ -316,9 +348,14 @@ def run_bench(
             layout = splat.analyze(mask, q_len=s, kv_len=s)
             rng = np.random.default_rng(config.seed)
             q, k, v, do = (rng.standard_normal((b, s, h, d), dtype=np.float32) for _ in range(4))
-            dense_cache: list = []
+            # make_problem(mode): the same inputs (and one dense-mask cache) for every peer and mode
+            make_problem = functools.partial(
+                Problem, q, k, v, do, mask, layout, config.dtype, backend=config.backend, _dense=[]
+            )
+            where = {"pattern": name, "mask": repr(mask), "S": s, "dtype": config.dtype}
+            check = _OutputCheck(where, make_problem, disagreements, log)
             for mode in config.modes:
-                problem = Problem(q, k, v, do, mask, layout, config.dtype, mode, config.backend, dense_cache)
+                problem = make_problem(mode)
                 flops = useful_flops(b, h, layout.nnz, d, mode)
                 base = {
                     "pattern": name,
@@ -332,6 +369,7 @@ def run_bench(
                 for peer in peer_names:
                     try:
                         prepared = PEERS[peer].prepare(problem)
+                        verdict = check.verdict(peer, prepared, problem)
                         t = time_call(
                             prepared.run,
                             config.warmup,
@@ -341,10 +379,10 @@ def run_bench(
                             per_sample=10 if _on_gpu() else 1,
                         )
                     except PeerUnavailable as e:
-                        skip(base, peer, str(e))
+                        skip(base, peer, str(e), check)
                         continue
                     except Exception as e:  # a peer that crashes must not end the run; record why
-                        skip(base, peer, f"error: {_short(e)}")
+                        skip(base, peer, f"error: {_short(e)}", check)
                         continue
                     row = {
                         **base,
@@ -353,10 +391,12 @@ def run_bench(
                         "tflops": flops / (t["ms"] * 1e-3) / 1e12,
                         "temp_bytes": prepared.temp_bytes,
                         "note": prepared.note,
+                        **verdict,
                     }
                     rows[peer] = row
                     results.append(row)
-                    log(f"  {peer:13s} {name} S={s} {mode}: {t['ms']:.3f} ms")
+                    flag = "  DISAGREES WITH SPLAT" if verdict["agrees"] is False else ""
+                    log(f"  {peer:13s} {name} S={s} {mode}: {t['ms']:.3f} ms{flag}")
                 splat_ms = rows["splat"]["ms"] if "splat" in rows else None
                 for row in rows.values():
                     row["vs_splat"] = None if splat_ms is None else row["ms"] / splat_ms
@@ -377,14 +417,145 @@ def run_bench(
         "settings": {**asdict(config), "peers": peer_names, "patterns": [n for n, _ in pats]},
         "flop_formula": FLOP_FORMULA,
         "ratio_definition": RATIO_DEFINITION,
+        "check_rule": CHECK_RULE,
         "results": results,
         "skipped": skipped,
         "memory": memory,
+        "disagreements": disagreements,
     }
     if config.build:
         out["build"] = build_section(pats, config.build_length, config.analyze_length, log=log)
     log(format_table(out))
     return out
+
+
+# --- output check --------------------------------------------------------------------------------
+
+
+def _unchecked(reason: str) -> dict:
+    return {
+        "max_abs_err_vs_splat": None,
+        "rel_err_vs_splat": None,
+        "check_tolerance": None,
+        "agrees": None,
+        "check": reason,
+    }
+
+
+def compare_outputs(got: np.ndarray, ref: np.ndarray, dtype: str) -> dict:
+    """A peer's forward output against splat's (see :data:`CHECK_RULE`).
+
+    Args:
+      got, ref: ``[B, S, H, D]`` outputs, any float dtype (compared in float32).
+      dtype: the inputs' dtype name, which sets the tolerance.
+
+    Returns:
+      ``{"max_abs_err_vs_splat", "rel_err_vs_splat", "check_tolerance", "agrees", "check"}``;
+      a shape mismatch or a non-finite value in ``got`` does not agree.
+    """
+    got, ref = np.asarray(got, np.float32), np.asarray(ref, np.float32)
+    scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+    tol = CHECK_RTOL[dtype] * scale
+    if got.shape != ref.shape:
+        return {**_unchecked(f"output shape {got.shape} != splat's {ref.shape}"), "agrees": False}
+    if not np.isfinite(got).all():
+        return {**_unchecked("non-finite values in the output"), "agrees": False}
+    err = float(np.max(np.abs(got - ref))) if ref.size else 0.0
+    return {
+        "max_abs_err_vs_splat": err,
+        "rel_err_vs_splat": err / scale if scale > 0 else None,
+        "check_tolerance": tol,
+        "agrees": bool(err <= tol),
+        "check": "forward output vs splat's",
+    }
+
+
+class _OutputCheck:
+    """Checks each peer's forward output against splat's for one (pattern, S, dtype).
+
+    Each peer is checked once (its first mode; fwd+bwd reuses the forward check)
+    at the cost of one extra run of what it already compiled. The reference is
+    splat's own row when splat ran; when splat is not among the peers, splat's
+    forward is computed once for the check alone.
+    """
+
+    def __init__(self, where: dict, make_problem: Callable, disagreements: list, log: Callable):
+        self.where, self.make_problem = where, make_problem
+        self.disagreements, self.log = disagreements, log
+        self.ref: np.ndarray | None = None
+        self.ref_missing = ""  # why there is no reference, once known
+        self.done: dict[str, dict] = {}
+
+    def no_reference(self, reason: str) -> None:
+        if self.ref is None and not self.ref_missing:
+            self.ref_missing = reason
+
+    def _reference(self) -> np.ndarray | None:
+        if self.ref is None and not self.ref_missing:
+            from splat._peers import PEERS
+
+            try:  # splat was not asked for: compute its forward for the check alone
+                self._set_reference(_forward_output(PEERS["splat"].prepare(self.make_problem("fwd")), "fwd"))
+            except Exception as e:
+                self.no_reference(f"splat failed: {_short(e)}")
+        return self.ref
+
+    def _set_reference(self, out: np.ndarray) -> None:
+        if np.isfinite(out).all():
+            self.ref = out
+        else:
+            self.no_reference("splat's output has non-finite values")
+
+    def verdict(self, peer: str, prepared, problem) -> dict:
+        """The check fields of ``peer``'s rows (computed on its first call, then reused)."""
+        from splat._peers import PEERS
+
+        if peer in self.done:
+            return self.done[peer]
+        if PEERS[peer].no_check:
+            v = _unchecked(PEERS[peer].no_check)
+        else:
+            try:
+                out = _forward_output(prepared, problem.mode)
+            except Exception as e:  # the check must not cost the timing
+                v = _unchecked(f"could not read the output: {_short(e)}")
+                self.log(f"  warning: {peer} output not checked ({v['check']})")
+            else:
+                if peer == "splat":
+                    self._set_reference(out)
+                ref = self._reference()
+                if ref is None and peer == "splat":  # splat vs nothing: its output is broken
+                    v = {**_unchecked(self.ref_missing), "agrees": False}
+                elif ref is None:
+                    v = _unchecked(f"no splat output to compare with ({self.ref_missing})")
+                else:
+                    v = compare_outputs(out, ref, problem.dtype)
+                del out
+        if v["agrees"] is False:
+            self.disagreements.append({**self.where, "impl": peer, **v})
+            w = self.where
+            err = v["max_abs_err_vs_splat"]
+            self.log(
+                f"  !!! WARNING: {peer} DISAGREES WITH SPLAT on {w['pattern']} S={w['S']} {w['dtype']}: "
+                + (
+                    f"max|{peer} - splat| = {err:.4g} > tolerance {v['check_tolerance']:.4g}"
+                    if err is not None
+                    else v["check"]
+                )
+                + "; its timings are not comparable"
+            )
+        self.done[peer] = v
+        return v
+
+
+def _forward_output(prepared, mode: str) -> np.ndarray:
+    """The attention output of one run of ``prepared``, float32 numpy ``[B, S, H, D]``."""
+    if prepared.outputs is None:
+        raise ValueError("this peer's Prepared has no outputs()")
+    got = prepared.outputs()
+    if mode == "fwdbwd":
+        got = got[0]
+    return np.asarray(got, np.float32)
 
 
 # --- build section ---------------------------------------------------------------------------------
@@ -472,15 +643,23 @@ def format_table(result: dict) -> str:
     lines = [FLOP_FORMULA, RATIO_DEFINITION, ""]
     hdr = (
         f"{'pattern':24s} {'S':>7s} {'mode':6s} {'impl':13s} {'ms':>10s} {'TFLOP/s':>9s} {'x splat':>8s} "
-        f"{'temp MiB':>9s}  note"
+        f"{'temp MiB':>9s} {'check':>5s}  note"
     )
     lines += [hdr, "-" * len(hdr)]
     for r in result["results"]:
         ratio = "-" if r.get("vs_splat") is None else f"{r['vs_splat']:.2f}"
+        chk = {True: "ok", False: "DIFF"}.get(r.get("agrees"), "-")
         lines.append(
             f"{r['pattern'][:24]:24s} {r['S']:7d} {r['mode']:6s} {r['impl']:13s} {r['ms']:10.3f} "
-            f"{r['tflops']:9.4f} {ratio:>8s} {_fmt_bytes(r['temp_bytes']):>9s}  {r.get('note', '')}"
+            f"{r['tflops']:9.4f} {ratio:>8s} {_fmt_bytes(r['temp_bytes']):>9s} {chk:>5s}  {r.get('note', '')}"
         )
+    lines += ["", CHECK_RULE]
+    if result.get("disagreements"):
+        lines += ["DISAGREEMENTS: these peers' outputs differ from splat's (their timings mean nothing):"]
+        for d in result["disagreements"]:
+            err, tol = d["max_abs_err_vs_splat"], d["check_tolerance"]
+            what = d["check"] if err is None else f"max|diff| {err:.4g} > tolerance {tol:.4g}"
+            lines.append(f"  {d['impl']:13s} {d['pattern'][:24]:24s} S={d['S']:<7d} {d['dtype']:9s} {what}")
     if result.get("skipped"):
         lines += ["", "skipped:"]
         seen = set()

@@ -5,6 +5,9 @@ callable that computes the attention (forward, or forward + backward) and waits
 for the device, plus XLA's temp-memory figure where the peer is a JAX program.
 Peers import their libraries lazily; one that cannot run here raises
 :class:`PeerUnavailable` with the reason, which the benchmark prints.
+``Prepared.outputs()`` returns what a run computes, so the benchmark can check
+each peer's output against splat's on the same inputs (all but ``torch_sdpa``,
+which runs with no mask by design: ``Peer.no_check`` says so).
 
 ==============  ========  ===========================================================
 peer            runs on   what
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -92,9 +95,11 @@ class Problem:
 class Prepared:
     """A compiled run: ``run()`` computes and blocks until the device is done.
 
-    ``outputs()`` (JAX peers) returns what one run computes: ``out [B, S, H, D]``
-    in fwd mode, ``(out, (dq, dk, dv))`` in fwdbwd mode; the tests check it
-    against a float64 reference.
+    ``outputs()`` returns what one run computes: ``out [B, S, H, D]`` in fwd
+    mode, ``(out, (dq, dk, dv))`` in fwdbwd mode (jax arrays for JAX peers,
+    float32 numpy ``[B, S, H, D]`` for torch peers). The tests check it against
+    a float64 reference; ``splat bench`` compares every peer's ``out`` with
+    splat's.
     """
 
     run: Callable[[], None]
@@ -110,12 +115,17 @@ class Prepared:
 
 @dataclass(frozen=True)
 class Peer:
-    """A named implementation; ``prepare(problem)`` returns :class:`Prepared` or raises PeerUnavailable."""
+    """A named implementation; ``prepare(problem)`` returns :class:`Prepared` or raises PeerUnavailable.
+
+    ``no_check``: why this peer's output is *not* compared with splat's (it
+    computes something else by design); empty for peers that must agree.
+    """
 
     name: str
     description: str
     prepare: Callable[[Problem], Prepared]
     gpu_only: bool = False
+    no_check: str = ""
 
 
 # --- helpers -------------------------------------------------------------------------
@@ -337,8 +347,7 @@ def _prep_tokamax(problem: Problem) -> Prepared:
     def attn(q, k, v, mask):
         return tokamax.dot_product_attention(q, k, v, mask=mask[None, None])
 
-    prepared = _compile_jax(attn, problem, (problem.dense_mask(),))
-    return Prepared(prepared.run, prepared.temp_bytes, "dense mask array", prepared.outputs)
+    return replace(_compile_jax(attn, problem, (problem.dense_mask(),)), note="dense mask array")
 
 
 # --- torch peers -----------------------------------------------------------------------------
@@ -367,29 +376,43 @@ def _torch_inputs(torch, problem: Problem):
     return out, torch.cuda.synchronize
 
 
+def _torch_to_host(t) -> np.ndarray:
+    """A torch ``[B, H, S, D]`` tensor as float32 numpy ``[B, S, H, D]``."""
+    return t.detach().float().cpu().numpy().transpose(0, 2, 1, 3)
+
+
 def _torch_prepared(torch, fn, problem: Problem, note: str = "") -> Prepared:
     (q, k, v, do), sync = _torch_inputs(torch, problem)
     if problem.mode == "fwd":
 
         def launch():
             with torch.no_grad():
-                fn(q, k, v)
+                return fn(q, k, v)
     else:
 
         def launch():
             for t in (q, k, v):
                 t.grad = None
-            fn(q, k, v).backward(do)
+            out = fn(q, k, v)
+            out.backward(do)
+            return out
 
     def run():
         launch()
         sync()
 
+    def outputs():
+        out = launch()
+        sync()
+        if problem.mode == "fwd":
+            return _torch_to_host(out)
+        return _torch_to_host(out), tuple(_torch_to_host(t.grad) for t in (q, k, v))
+
     try:
         run()
     except Exception as e:  # unsupported shape/dtype in this torch build
         raise PeerUnavailable(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
-    return Prepared(run, None, note, launch=launch, sync=sync)
+    return Prepared(run, None, note, outputs=outputs, launch=launch, sync=sync)
 
 
 def _prep_flex(problem: Problem) -> Prepared:
@@ -455,6 +478,7 @@ PEERS: dict[str, Peer] = {
             "torch SDPA (flash/efficient), no mask: dense ceiling",
             _prep_torch_sdpa,
             gpu_only=True,
+            no_check="no mask (dense ceiling)",
         ),
     )
 }

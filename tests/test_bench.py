@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -10,7 +11,7 @@ import pytest
 
 import splat
 from splat import _bench, _peers, catalogue, masks
-from splat._peers import PEERS, PeerUnavailable, Problem
+from splat._peers import PEERS, Peer, PeerUnavailable, Problem
 
 # A tiny catalogue, both entry kinds (a mask value and a callable S -> mask).
 TINY = {
@@ -370,3 +371,221 @@ def test_time_call_batches_launches_and_syncs_once_per_sample():
     )
     assert events == ["run"] + (["launch"] * 4 + ["sync"]) * 3
     assert t["per_sample"] == 4 and len(t["samples_ms"]) == 3
+
+
+# --- every peer's output is checked against splat's ------------------------------------------------
+
+
+def _other_mask_peer(wrong):
+    """A peer that is fast and wrong: dense XLA attention with another mask."""
+
+    def prepare(problem):
+        s = problem.seq_len
+        lay = wrong.to_acsr(s, s)
+        return PEERS["dense_xla"].prepare(dataclasses.replace(problem, mask=wrong, layout=lay, _dense=[]))
+
+    return Peer("other_mask", "dense XLA with the wrong mask", prepare)
+
+
+def _unavailable(problem):
+    raise PeerUnavailable("not here")
+
+
+@pytest.fixture(scope="module")
+def checked_result():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(PEERS, "other_mask", _other_mask_peer(masks.sliding_window(2, 2)))
+        unchecked = Peer(
+            "unchecked", "dense XLA, unchecked", PEERS["dense_xla"].prepare, no_check="by design"
+        )
+        mp.setitem(PEERS, "unchecked", unchecked)
+        mp.setitem(PEERS, "unavailable", Peer("unavailable", "never runs", _unavailable))
+        cfg = _bench.BenchConfig(
+            patterns=("window", "dilated"),
+            lengths=(48,),
+            heads=2,
+            head_dim=8,
+            peers=("splat", "dense_xla", "other_mask", "unchecked", "unavailable", "flex"),
+            warmup=0,
+            repeats=1,
+        )
+        lines = []
+        return _bench.run_bench(cfg, TINY, log=lines.append), "\n".join(lines)
+
+
+def test_check_flags_a_peer_with_another_mask(checked_result, tmp_path):
+    result, printed = checked_result
+    bad = [x for x in result["results"] if x["impl"] == "other_mask"]
+    assert len(bad) == 2  # timed all the same
+    for x in bad:
+        assert x["agrees"] is False and x["ms"] > 0
+        assert x["max_abs_err_vs_splat"] > x["check_tolerance"] > 0
+    assert sorted((d["pattern"], d["impl"], d["S"], d["dtype"]) for d in result["disagreements"]) == [
+        ("dilated", "other_mask", 48, "float32"),
+        ("window", "other_mask", 48, "float32"),
+    ]
+    assert "DISAGREES WITH SPLAT" in printed and "DISAGREEMENTS" in printed
+    path = tmp_path / "r.json"
+    _bench.write_json(result, str(path))
+    r = json.loads(path.read_text())
+    assert r["check_rule"] == _bench.CHECK_RULE and len(r["disagreements"]) == 2
+
+
+def test_check_unchecked_and_skipped_peers(checked_result):
+    result, _ = checked_result
+    rows = {(x["pattern"], x["impl"]): x for x in result["results"]}
+    for pattern in ("window", "dilated"):
+        assert rows[(pattern, "splat")]["max_abs_err_vs_splat"] == 0.0
+        assert rows[(pattern, "dense_xla")]["agrees"] is True
+        # an unchecked peer says why; skipped peers neither break the check nor get rows
+        un = rows[(pattern, "unchecked")]
+        assert un["agrees"] is None and un["check"] == "by design" and un["max_abs_err_vs_splat"] is None
+    assert {x["impl"] for x in result["results"]} == {"splat", "dense_xla", "other_mask", "unchecked"}
+    assert {s["impl"] for s in result["skipped"]} == {"unavailable", "flex"}
+    assert PEERS["torch_sdpa"].no_check == "no mask (dense ceiling)"
+    assert all(not p.no_check for n, p in PEERS.items() if n != "torch_sdpa")
+
+
+def test_check_real_peers_agree_and_fwdbwd_reuses_the_fwd_check(bench_result):
+    result, _ = bench_result
+    assert result["disagreements"] == [] and result["check_rule"] == _bench.CHECK_RULE
+    rows = {(x["pattern"], x["mode"], x["impl"]): x for x in result["results"]}
+    keys = ("max_abs_err_vs_splat", "rel_err_vs_splat", "check_tolerance", "agrees", "check")
+    for pattern in ("window", "dilated"):
+        for peer in ("splat", "splat_unfused", "dense_xla"):
+            fwd, both = rows[(pattern, "fwd", peer)], rows[(pattern, "fwdbwd", peer)]
+            assert fwd["agrees"] is True, fwd
+            assert fwd["rel_err_vs_splat"] <= 1e-5  # float32 on the CPU: agreement to rounding
+            assert {k: both[k] for k in keys} == {k: fwd[k] for k in keys}
+
+
+def test_check_without_splat_among_the_peers_computes_splat_once(monkeypatch):
+    monkeypatch.setitem(PEERS, "other_mask", _other_mask_peer(masks.sliding_window(1, 0)))
+    cfg = _bench.BenchConfig(
+        patterns=("dilated",),
+        lengths=(40,),
+        heads=1,
+        head_dim=8,
+        mode="both",
+        peers=("dense_xla", "other_mask"),
+        repeats=1,
+    )
+    result = _bench.run_bench(cfg, TINY, log=lambda s: None)
+    agrees = {(x["impl"], x["mode"]): x["agrees"] for x in result["results"]}
+    assert agrees == {
+        ("dense_xla", "fwd"): True,
+        ("dense_xla", "fwdbwd"): True,
+        ("other_mask", "fwd"): False,
+        ("other_mask", "fwdbwd"): False,
+    }
+    # listed once per (pattern, S, dtype, peer), not once per mode
+    assert [d["impl"] for d in result["disagreements"]] == ["other_mask"]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_check_real_peers_agree_in_half_precision(dtype):
+    cfg = _bench.BenchConfig(
+        patterns=("global_window",),
+        lengths=(64,),
+        heads=2,
+        head_dim=32,
+        dtype=dtype,
+        peers=("splat", "splat_unfused", "dense_xla"),
+        repeats=1,
+    )
+    result = _bench.run_bench(cfg, TINY, log=lambda s: None)
+    assert len(result["results"]) == 3 and not result["disagreements"]
+    for x in result["results"]:
+        assert x["agrees"] is True and x["check_tolerance"] > 0
+
+
+def test_compare_outputs_rules():
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((1, 8, 2, 4)).astype(np.float32)
+    scale = float(np.abs(ref).max())
+    ok = _bench.compare_outputs(ref + 0.5 * _bench.CHECK_RTOL["bfloat16"] * scale, ref, "bfloat16")
+    assert ok["agrees"] is True
+    assert ok["rel_err_vs_splat"] == pytest.approx(0.5 * _bench.CHECK_RTOL["bfloat16"], rel=1e-4)
+    far = _bench.compare_outputs(ref + 2 * _bench.CHECK_RTOL["float32"] * scale, ref, "float32")
+    assert far["agrees"] is False
+    nan = ref.copy()
+    nan[0, 0, 0, 0] = np.nan
+    assert _bench.compare_outputs(nan, ref, "float32")["agrees"] is False
+    assert _bench.compare_outputs(ref[:, :4], ref, "float32")["agrees"] is False
+    zero = np.zeros_like(ref)
+    assert _bench.compare_outputs(zero, zero, "float16")["agrees"] is True  # all rows fully masked
+
+
+def test_torch_outputs_come_back_as_bshd_float32():
+    class FakeTensor:  # what _torch_to_host touches of a torch tensor
+        def __init__(self, a):
+            self.a = a
+
+        def detach(self):
+            return self
+
+        def float(self):
+            return FakeTensor(self.a.astype(np.float32))
+
+        def cpu(self):
+            return self
+
+        def numpy(self):
+            return self.a
+
+    bhsd = np.arange(2 * 3 * 5 * 4, dtype=np.float16).reshape(2, 3, 5, 4)
+    got = _peers._torch_to_host(FakeTensor(bhsd))
+    assert got.dtype == np.float32 and got.shape == (2, 5, 3, 4)
+    np.testing.assert_array_equal(got, bhsd.transpose(0, 2, 1, 3))
+
+
+# --- benchmarks/unfused_bw.py ------------------------------------------------------------------------
+
+
+def _load_script(name):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_unfused_bw_tiny(tmp_path, capsys):
+    mod = _load_script("unfused_bw")
+    out = tmp_path / "bw.json"
+    argv = ["--patterns", "sliding_window(16, 16)", "--lengths", "256", "--heads", "2", "--head-dim", "16"]
+    argv += ["--dtype", "float32", "--copy-mib", "1", "--matmul-n", "64", "--warmup", "0", "--repeats", "2"]
+    mod.main([*argv, "--out", str(out)])
+    r = json.loads(out.read_text())
+    assert r["schema"] == mod.SCHEMA and r["environment"]["device"] == jax.devices()[0].device_kind
+    assert r["copy"]["gbps"] > 0 and r["copy"]["bytes"] == 2 * 2**20
+    assert r["matmul"]["tflops"] > 0 and r["matmul"]["flops"] == 2 * 64**3
+    assert r["backend"] == ("triton" if jax.default_backend() == "gpu" else "jax")
+    rows = {x["op"]: x for x in r["rows"]}
+    assert set(rows) == {"sddmm", "softmax", "spmm"} and not r["skipped"]
+    # the window's geometry, counted by hand: rows hold min(r+16, 255) - max(r-16, 0) + 1 columns
+    s, h, d, e, w = 256, 2, 16, 4, 33
+    nnz = sum(min(i + 16, s - 1) - max(i - 16, 0) + 1 for i in range(s))
+    assert rows["sddmm"]["nnz"] == nnz and rows["sddmm"]["nnz_max"] == w
+    qkv = s * h * d * e  # one [B, S, H, D] array, B = 1
+    assert rows["sddmm"]["bytes"] == 2 * qkv + h * s * w * e
+    assert rows["softmax"]["bytes"] == h * nnz * e + h * s * w * e
+    assert rows["softmax"]["bytes_all_slots"] == 2 * h * s * w * e
+    assert rows["spmm"]["bytes"] == h * nnz * e + 2 * qkv
+    assert (
+        rows["sddmm"]["flops"] == rows["spmm"]["flops"] == 2 * h * nnz * d and rows["softmax"]["flops"] == 0
+    )
+    for x in r["rows"]:
+        assert x["ms"] > 0 and len(x["samples_ms"]) == 2
+        assert x["gbps"] == pytest.approx(x["bytes"] / (x["ms"] * 1e-3) / 1e9)
+        assert x["frac_copy_bw"] == pytest.approx(x["gbps"] / r["copy"]["gbps"])
+        assert x["frac_matmul"] == pytest.approx(x["tflops"] / r["matmul"]["tflops"])
+        assert x["frac_of_bound"] == pytest.approx(max(x["frac_copy_bw"], x["frac_matmul"]))
+        assert x["bound"] == ("memory" if x["frac_copy_bw"] >= x["frac_matmul"] else "matrix")
+        assert x["meets_half"] == (x["frac_of_bound"] >= 0.5)
+    assert rows["softmax"]["bound"] == "memory"
+    assert isinstance(r["all_meet_half"], bool)
+    assert "sddmm" in capsys.readouterr().out
