@@ -10,10 +10,18 @@ goes in as extra operands, constants of the traced program.
 
 Importing this module needs ``triton`` and ``jax_triton`` and a CUDA JAX; it
 raises ImportError otherwise (the dispatcher then uses the ``"jax"`` backend).
+
+Importing it also puts :class:`splat._codegen._cache.CompileCache` around
+jax-triton's compile step (see :func:`_install_compile_cache`): compiled kernels
+(PTX) are kept in ``<splat cache dir>/triton/`` and a new process reuses them.
+``SPLAT_NO_DISK_CACHE=1`` turns that off.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import logging
 import os
 
 import jax
@@ -23,6 +31,7 @@ import numpy as np
 from acsr import ACSR
 from jax_bindings import _pure
 from splat import _codegen as cg
+from splat._codegen import _cache
 
 # jax_triton 0.3.x sets TRITON_CACHE_DIR="" at import, for the whole process: every later
 # Triton compile outside jax_triton (torch.compile / FlexAttention, Triton's own driver
@@ -30,7 +39,7 @@ from splat import _codegen as cg
 _CACHE_ENV = os.environ.get("TRITON_CACHE_DIR")
 try:
     import jax_triton as _jt
-    import triton as _triton  # noqa: F401
+    import triton as _triton
 except Exception as e:  # jax_triton raises more than ImportError on CPU-only JAX
     raise ImportError(
         f"the triton backend needs triton and jax_triton on a CUDA JAX ({type(e).__name__}: {e})"
@@ -41,6 +50,58 @@ finally:
             os.environ["TRITON_CACHE_DIR"] = _CACHE_ENV
         else:  # unset (or blanked by an earlier jax_triton import): Triton's default folder
             del os.environ["TRITON_CACHE_DIR"]
+
+
+_log = logging.getLogger(__name__)
+_COMPILE_ARGS = ["ttir", "backend", "options", "compute_capability", "platform"]
+
+
+def _install_compile_cache() -> bool:
+    """Wraps ``jax_triton.triton_lib.compile_ttir_inplace`` in a :class:`~splat._codegen._cache.CompileCache`.
+
+    jax-triton 0.3.x compiles TTIR -> PTX in ``get_or_create_triton_kernel``,
+    which calls the module-level ``compile_ttir_inplace(ttir, backend, options,
+    compute_capability, platform)`` after its in-memory cache missed; replacing
+    that global adds a disk cache under it. Installed only when jax-triton looks
+    exactly like that (function name, parameters, the call site, a dataclass
+    result) and does not dump IR (``JAX_TRITON_DUMP_DIR``: dumps need a real
+    compile); otherwise jax-triton is left alone and one debug line says why.
+    Returns whether the cache is in place.
+
+    Not covered: jaxlib assembles the PTX to a cubin (ptxas) at each kernel's
+    first launch in every process, with an in-memory cache only.
+    """
+    try:
+        from jax_triton import triton_lib as tl_lib
+
+        fn = getattr(tl_lib, "compile_ttir_inplace", None)
+        if isinstance(fn, _cache.CompileCache):
+            return True
+        caller = getattr(tl_lib, "get_or_create_triton_kernel", None)
+        result = getattr(tl_lib, "CompilationResult", None)
+        why = None
+        if not callable(fn) or getattr(fn, "__name__", "") != "compile_ttir_inplace":
+            why = "no compile_ttir_inplace function"
+        elif list(inspect.signature(fn).parameters) != _COMPILE_ARGS:
+            why = f"compile_ttir_inplace{inspect.signature(fn)} is not ({', '.join(_COMPILE_ARGS)})"
+        elif "compile_ttir_inplace" not in getattr(getattr(caller, "__code__", None), "co_names", ()):
+            why = "get_or_create_triton_kernel does not call compile_ttir_inplace"
+        elif not (isinstance(result, type) and dataclasses.is_dataclass(result)):
+            why = "no CompilationResult dataclass"
+        elif getattr(tl_lib, "_JAX_TRITON_DUMP_DIR", None):
+            why = "JAX_TRITON_DUMP_DIR is set"
+        if why:
+            _log.debug("splat: jax-triton's compiles are not cached on disk: %s", why)
+            return False
+        salt = f"triton={_triton.__version__};jax_triton={getattr(_jt, '__version__', '?')}"
+        tl_lib.compile_ttir_inplace = _cache.CompileCache(fn, result, salt=salt)
+        return True
+    except Exception as e:  # a jax-triton we do not know: run it as it is
+        _log.debug("splat: jax-triton's compiles are not cached on disk (%s: %s)", type(e).__name__, e)
+        return False
+
+
+COMPILE_CACHE_INSTALLED = _install_compile_cache()
 
 
 class UnsupportedError(NotImplementedError, ValueError):
