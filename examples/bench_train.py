@@ -1,40 +1,53 @@
-"""Time a training step of the GPT example with splat vs dense attention.
+"""Time a training step of the GPT example: splat attention vs dense attention.
 
-Both runs start from the same parameters and see the same batches, so their
-loss curves should agree up to floating-point noise. Prints one JSON object:
-device, versions, config, per-run step time / tokens/s / compile time / losses,
-the dense/splat step-time ratio (>1 = splat faster) and the loss curves'
-maximum deviation.
+Pure JAX (:mod:`examples.gpt_jax`, plain Adam): no flax or optax needed, so it
+runs on a JAX newer than the installed flax supports. Every mode starts from
+the same parameters and sees the same batches, so the loss curves agree up to
+floating-point noise. Logs go to stderr; the last stdout line is one JSON
+object: device, versions, config, per mode ``step_ms`` (median of the steady
+steps), ``step_ms_min``, ``tokens_per_s``, ``first_step_s`` (compile + one step)
+and ``losses`` (or ``error`` when that mode failed), ``ratio_vs_splat``
+(mode step_ms / splat step_ms: > 1 means splat is faster) and the loss curves'
+deviation from splat (``loss_dev``).
+
+Modes (``--modes``, comma-separated; see :mod:`examples.gpt_jax`): splat,
+cudnn_window (cuDNN's sliding window), cudnn_mask (cuDNN + dense boolean
+window mask), xla, xla_mask. Default: splat,cudnn_mask,cudnn_window on GPU,
+splat,xla elsewhere.
 
 Default size is the GPU target: 12 layers, width 768, 12 heads, S=8192,
-window 1024, bf16, batch 1; dense = ``jax.nn.dot_product_attention`` with
-cuDNN on GPU (``--dense-impl``), XLA elsewhere. Tiny CPU run:
+window 1024, bf16, batch 1, 50 steps. Tiny CPU run:
 
-  python -m examples.bench_train --layers 2 --width 64 --heads 2 --seq-len 128 \
-      --window 16 --dtype float32 --steps 5
+  python -m examples.bench_train --layers 2 --width 32 --heads 2 --seq-len 64 \
+      --window 8 --dtype float32 --steps 4 --vocab 32
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
+import sys
 import time
+import traceback
 
-import flax.nnx as nnx
 import jax
 import numpy as np
-import optax
 
-from examples.models import GPTConfig, build
-from examples.train import make_batch, train_step
+from examples import gpt_jax
+from examples.common import GPTConfig, make_batch
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
 
 
 def _versions() -> dict:
     import importlib.metadata as md
 
     out = {"python": platform.python_version()}
-    for pkg in ("jax", "jaxlib", "flax", "optax", "triton", "jax-triton", "splat"):
+    for pkg in ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "triton", "jax-triton"):
         try:
             out[pkg] = md.version(pkg)
         except md.PackageNotFoundError:
@@ -48,26 +61,36 @@ def _versions() -> dict:
     return out
 
 
-def run(cfg: GPTConfig, attention: str, *, steps: int, batch: int, lr: float, seed: int, dense_impl) -> dict:
-    """Train ``steps`` steps; per-step wall times (block_until_ready) and losses."""
-    model = build(cfg, attention, seed=seed, dense_impl=dense_impl)
-    optimizer = nnx.Optimizer(model, optax.adamw(lr, weight_decay=0.0), wrt=nnx.Param)
-    rng = np.random.default_rng(seed)
+def run_mode(cfg: GPTConfig, mode: str, params_host, batches, *, lr: float) -> dict:
+    """Train ``len(batches)`` steps from ``params_host``; per-step wall time and loss."""
+    step = gpt_jax.make_train_step(cfg, mode, lr=lr)
+    params = jax.device_put(params_host)
+    opt_state = gpt_jax.adam_init(params)
     losses, times = [], []
-    for _ in range(steps):
-        tokens, labels, weights = (jax.device_put(x) for x in make_batch(cfg, rng, batch))
+    for i, batch in enumerate(batches):
         t0 = time.perf_counter()
-        loss = jax.block_until_ready(train_step(model, optimizer, tokens, labels, weights))
+        params, opt_state, loss = jax.block_until_ready(step(params, opt_state, *batch))
         times.append(time.perf_counter() - t0)
         losses.append(float(loss))
+        if i == 0 or (i + 1) % 10 == 0 or i == len(batches) - 1:
+            _log(f"[{mode}] step {i:3d}  loss {losses[-1]:.4f}  {1e3 * times[-1]:9.2f} ms")
     steady = times[2:] if len(times) > 3 else times[1:] or times
     step_s = float(np.median(steady))
+    n_tokens = batches[0][0].size
     return {
         "step_ms": 1e3 * step_s,
         "step_ms_min": 1e3 * float(np.min(steady)),
-        "tokens_per_s": batch * cfg.seq_len / step_s,
+        "tokens_per_s": n_tokens / step_s,
         "first_step_s": times[0],
         "losses": losses,
+    }
+
+
+def _loss_dev(a: list[float], b: list[float]) -> dict:
+    a, b = np.asarray(a), np.asarray(b)
+    return {
+        "max_abs_dev": float(np.max(np.abs(a - b))),
+        "max_rel_dev": float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-6))),
     }
 
 
@@ -84,13 +107,18 @@ def main(argv=None) -> dict:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="bfloat16")
-    ap.add_argument("--dense-impl", choices=["auto", "xla", "cudnn"], default="auto")
-    ap.add_argument("--only", choices=["both", "splat", "dense"], default="both")
+    ap.add_argument("--modes", default=None, help="comma list of " + ",".join(gpt_jax.ATTENTION_MODES))
     a = ap.parse_args(argv)
-    on_gpu = jax.default_backend() == "gpu"
-    impl = a.dense_impl
-    if impl == "auto":
-        impl = "cudnn" if on_gpu and a.dtype != "float32" else "xla"
+    platform_name = jax.default_backend()
+    if a.modes is None:
+        modes = ["splat", "cudnn_mask", "cudnn_window"] if platform_name == "gpu" else ["splat", "xla"]
+    else:
+        modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in gpt_jax.ATTENTION_MODES]
+    if bad or not modes or a.steps < 1:
+        ap.error(
+            f"--modes must be a non-empty comma list of {gpt_jax.ATTENTION_MODES} (got {bad}), --steps >= 1"
+        )
     cfg = GPTConfig(
         vocab=a.vocab,
         layers=a.layers,
@@ -104,18 +132,33 @@ def main(argv=None) -> dict:
     result = {
         "benchmark": "examples.bench_train",
         "device": getattr(dev, "device_kind", str(dev)),
-        "platform": jax.default_backend(),
+        "platform": platform_name,
         "versions": _versions(),
-        "config": {**cfg.__dict__, "batch": a.batch, "steps": a.steps, "lr": a.lr, "dense_impl": impl},
+        "config": {**dataclasses.asdict(cfg), "batch": a.batch, "steps": a.steps, "lr": a.lr, "seed": a.seed},
+        "modes": modes,
     }
-    modes = ["splat", "dense"] if a.only == "both" else [a.only]
+    params_host = jax.device_get(gpt_jax.init_params(cfg, a.seed))
+    rng = np.random.default_rng(a.seed)
+    batches = [jax.device_put(make_batch(cfg, rng, a.batch)) for _ in range(a.steps)]
+    results = {}
     for mode in modes:
-        result[mode] = run(cfg, mode, steps=a.steps, batch=a.batch, lr=a.lr, seed=a.seed, dense_impl=impl)
-    if a.only == "both":
-        ls, ld = np.array(result["splat"]["losses"]), np.array(result["dense"]["losses"])
-        result["speedup_dense_over_splat"] = result["dense"]["step_ms"] / result["splat"]["step_ms"]
-        result["loss_max_abs_dev"] = float(np.max(np.abs(ls - ld)))
-        result["loss_max_rel_dev"] = float(np.max(np.abs(ls - ld) / np.maximum(np.abs(ld), 1e-6)))
+        _log(f"[{mode}] compiling and running {a.steps} steps")
+        try:
+            results[mode] = run_mode(cfg, mode, params_host, batches, lr=a.lr)
+        except (
+            Exception
+        ) as e:  # record and go on: one mode (e.g. a shape cuDNN refuses) must not stop the rest
+            _log(traceback.format_exc())
+            results[mode] = {"error": f"{type(e).__name__}: {e}"[:4000]}
+        # a partial record on stderr, in case a time limit stops the run before the JSON line
+        _log(f"[{mode}] result " + json.dumps({k: v for k, v in results[mode].items() if k != "losses"}))
+    result["results"] = results
+    ok = {m: r for m, r in results.items() if "error" not in r}
+    if "splat" in ok:
+        sp = ok["splat"]
+        others = [m for m in ok if m != "splat"]
+        result["ratio_vs_splat"] = {m: ok[m]["step_ms"] / sp["step_ms"] for m in others}
+        result["loss_dev"] = {m: _loss_dev(sp["losses"], ok[m]["losses"]) for m in others}
     print(json.dumps(result))
     return result
 

@@ -24,72 +24,15 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import flax.nnx as nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import splat.flax
-from splat import masks
+from examples.common import GPTConfig, LongformerConfig, layer_masks
 
 __all__ = ["GPT", "GPTConfig", "Longformer", "LongformerConfig", "build", "layer_masks"]
-
-
-@dataclass(frozen=True)
-class GPTConfig:
-    """Decoder size. ``window`` = keys a local layer sees, itself included."""
-
-    vocab: int = 256
-    layers: int = 4
-    width: int = 128
-    heads: int = 4
-    seq_len: int = 256
-    window: int = 32
-    mlp_ratio: int = 4
-    dtype: str = "float32"  # compute dtype; parameters stay float32
-
-    def __post_init__(self):
-        _check(self)
-
-
-@dataclass(frozen=True)
-class LongformerConfig:
-    """Encoder size. ``window`` = keys seen on each side; ``global_tokens`` leading global tokens."""
-
-    vocab: int = 256
-    layers: int = 2
-    width: int = 128
-    heads: int = 4
-    seq_len: int = 256
-    window: int = 16
-    global_tokens: int = 2
-    mlp_ratio: int = 4
-    dtype: str = "float32"
-
-    def __post_init__(self):
-        _check(self)
-
-
-def _check(cfg) -> None:
-    for name in ("vocab", "layers", "width", "heads", "seq_len", "window", "mlp_ratio"):
-        v = getattr(cfg, name)
-        if not isinstance(v, int) or v <= 0:
-            raise ValueError(f"{type(cfg).__name__}.{name} must be a positive int, got {v!r}")
-    if cfg.width % cfg.heads:
-        raise ValueError(f"width ({cfg.width}) must be a multiple of heads ({cfg.heads})")
-    if cfg.dtype not in ("float32", "bfloat16", "float16"):
-        raise ValueError(f'dtype must be "float32", "bfloat16" or "float16", got {cfg.dtype!r}')
-
-
-def layer_masks(cfg: GPTConfig | LongformerConfig) -> list[masks.Mask]:
-    """The splat mask of each layer."""
-    if isinstance(cfg, GPTConfig):
-        local = masks.causal() & masks.sliding_window(cfg.window - 1, 0)
-        return [local if i % 2 == 0 else masks.causal() for i in range(cfg.layers)]
-    m = masks.sliding_window(cfg.window) | masks.global_tokens(cfg.global_tokens)
-    return [m] * cfg.layers
 
 
 def _dense_attention_fn(*, is_causal=False, window=None, mask=None, implementation=None):

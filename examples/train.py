@@ -25,23 +25,10 @@ import jax
 import numpy as np
 import optax
 
+from examples.common import make_batch
 from examples.models import GPTConfig, LongformerConfig, build
 
-
-def make_batch(cfg, rng: np.random.Generator, batch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(tokens int32 [B, S], labels int32 [B, S], weights float32 [B, S]) for the model's task."""
-    s = cfg.seq_len
-    if isinstance(cfg, GPTConfig):
-        half = (s + 2) // 2
-        prefix = rng.integers(0, cfg.vocab, size=(batch, half))
-        seq = np.concatenate([prefix, prefix], axis=1)[:, : s + 1]
-        weights = np.ones((batch, s), np.float32)
-        return seq[:, :-1].astype(np.int32), seq[:, 1:].astype(np.int32), weights
-    tokens = rng.integers(0, cfg.vocab, size=(batch, s))
-    labels = np.roll(tokens, 1, axis=1)
-    weights = np.ones((batch, s), np.float32)
-    weights[:, 0] = 0.0
-    return tokens.astype(np.int32), labels.astype(np.int32), weights
+__all__ = ["loss_fn", "main", "make_batch", "train", "train_step"]
 
 
 def loss_fn(model, tokens, labels, weights):

@@ -1,13 +1,17 @@
-"""The example models train (loss falls) and splat matches the dense twin."""
+"""The example models train, splat matches the dense twin, the pure-JAX GPT equals the Flax one."""
 
 import json
+import pathlib
+import subprocess
+import sys
 
 import flax.nnx as nnx
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from examples import bench_train
+from examples import bench_train, gpt_jax
 from examples import train as train_mod
 from examples.models import GPTConfig, LongformerConfig, build
 from examples.train import loss_fn, make_batch, train
@@ -51,12 +55,141 @@ def test_train_cli(capsys):
 
 def test_bench_train_tiny(capsys):
     res = bench_train.main(
-        "--layers 2 --width 32 --heads 2 --seq-len 64 --window 8 --dtype float32 --steps 4 --vocab 32".split()
+        "--layers 2 --width 32 --heads 2 --seq-len 64 --window 8 --dtype float32 --steps 4 --vocab 32 "
+        "--modes splat,xla".split()
     )
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    for key in ("device", "versions", "splat", "dense", "speedup_dense_over_splat", "loss_max_abs_dev"):
+    for key in (
+        "benchmark",
+        "device",
+        "platform",
+        "versions",
+        "config",
+        "results",
+        "ratio_vs_splat",
+        "loss_dev",
+    ):
         assert key in printed
-    assert len(res["splat"]["losses"]) == 4 and res["loss_max_abs_dev"] < 1e-3
+    assert printed["modes"] == ["splat", "xla"]
+    for mode in ("splat", "xla"):
+        r = res["results"][mode]
+        assert len(r["losses"]) == 4 and np.all(np.isfinite(r["losses"]))
+        assert 0 < r["step_ms_min"] <= r["step_ms"] and r["tokens_per_s"] > 0 and r["first_step_s"] > 0
+    assert res["ratio_vs_splat"]["xla"] > 0
+    assert res["loss_dev"]["xla"]["max_abs_dev"] < 1e-3
+    assert res["results"]["splat"]["losses"][0] == pytest.approx(np.log(32), rel=0.2)
+
+
+def test_bench_train_records_a_failing_mode(capsys):
+    if jax.default_backend() == "gpu":
+        pytest.skip("cuDNN runs here; the failing mode is CPU-only")
+    res = bench_train.main(
+        "--layers 1 --width 16 --heads 2 --seq-len 32 --window 4 --steps 2 "
+        "--vocab 16 --dtype float32 --modes xla,cudnn_window".split()
+    )
+    assert "CUDA GPU" in res["results"]["cudnn_window"]["error"]
+    assert len(res["results"]["xla"]["losses"]) == 2 and "ratio_vs_splat" not in res
+
+
+# -- examples.gpt_jax: the pure-JAX twin of models.GPT ------------------------------------------------
+
+
+def _perturbed_flax_gpt(cfg, attention, rng):
+    """A Flax GPT whose every parameter (biases and norm scales too) is randomised."""
+    model = build(cfg, attention, seed=int(rng.integers(1 << 20)))
+    state = nnx.state(model, nnx.Param)
+    noisy = jax.tree.map(
+        lambda x: jnp.asarray(np.asarray(x) + 0.1 * rng.standard_normal(x.shape, np.float32)), state
+    )
+    nnx.update(model, noisy)
+    return model
+
+
+@pytest.mark.parametrize(
+    "dtype, flax_attention, mode",
+    [
+        ("float32", "splat", "splat"),
+        ("float32", "dense", "xla"),
+        ("float32", "dense", "xla_mask"),
+        ("bfloat16", "splat", "splat"),
+    ],
+)
+def test_gpt_jax_equals_flax_gpt(dtype, flax_attention, mode, rng):
+    cfg = GPTConfig(vocab=32, layers=2, width=32, heads=2, seq_len=64, window=8, dtype=dtype)
+    model = _perturbed_flax_gpt(cfg, flax_attention, rng)
+    params = gpt_jax.params_from_flax(model)
+    tokens = jnp.asarray(rng.integers(0, cfg.vocab, size=(2, cfg.seq_len)), jnp.int32)
+    want = np.asarray(model(tokens))
+    got = jax.jit(gpt_jax.forward, static_argnums=(2, 3))(params, tokens, cfg, mode)
+    assert got.dtype == jnp.float32 and got.shape == want.shape
+    tol = 1e-5 if dtype == "float32" else 2e-2
+    np.testing.assert_allclose(np.asarray(got), want, rtol=tol, atol=tol * np.abs(want).max())
+
+
+def test_gpt_jax_splat_gradients_match_xla(rng):
+    params = gpt_jax.init_params(GPT_CFG, seed=int(rng.integers(1 << 20)))
+    batch = tuple(jnp.asarray(x) for x in make_batch(GPT_CFG, rng, 2))
+    vg = jax.jit(jax.value_and_grad(gpt_jax.loss_fn), static_argnums=(4, 5))
+    ls, gs = vg(params, *batch, GPT_CFG, "splat")
+    lx, gx = vg(params, *batch, GPT_CFG, "xla")
+    assert float(ls) == pytest.approx(float(lx), rel=1e-5)
+    for a, b in zip(jax.tree.leaves(gs), jax.tree.leaves(gx), strict=True):
+        assert np.abs(np.asarray(b)).max() > 0
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-3, atol=1e-5)
+
+
+def test_gpt_jax_adam_equals_optax(rng):
+    import optax
+
+    params = {"a": jnp.asarray(rng.normal(size=(3, 4)), jnp.float32), "b": [jnp.asarray(rng.normal(size=5))]}
+    opt = optax.adam(3e-3)
+    ostate, state = opt.init(params), gpt_jax.adam_init(params)
+    want = got = params
+    for _ in range(3):
+        g = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), p.dtype), params)
+        upd, ostate = opt.update(g, ostate, want)
+        want = optax.apply_updates(want, upd)
+        got, state = gpt_jax.adam_update(got, g, state, 3e-3)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+
+
+def test_gpt_jax_trains_and_loss_falls(rng):
+    step = gpt_jax.make_train_step(GPT_CFG, "xla", lr=3e-3)  # splat's gradients: the test above
+    params = gpt_jax.init_params(GPT_CFG, seed=int(rng.integers(1 << 20)))
+    opt_state = gpt_jax.adam_init(params)
+    losses = []
+    for _ in range(20):
+        params, opt_state, loss = step(params, opt_state, *make_batch(GPT_CFG, rng, 4))
+        losses.append(float(loss))
+    assert np.all(np.isfinite(losses))
+    assert np.mean(losses[-5:]) < losses[0] - 0.2, losses
+
+
+def test_gpt_jax_mode_errors():
+    with pytest.raises(ValueError, match="attention must be one of"):
+        gpt_jax.make_train_step(GPT_CFG, "dense")
+    if jax.default_backend() != "gpu":
+        with pytest.raises(ValueError, match="needs a CUDA GPU"):
+            gpt_jax.make_train_step(GPT_CFG, "cudnn_mask")
+
+
+def test_gpt_jax_and_bench_import_without_flax_or_optax():
+    """The GPU machine's situation: flax and optax cannot be imported."""
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('flax', 'optax'):\n"
+        "            raise ImportError('blocked: ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import examples.gpt_jax, examples.bench_train, examples.common\n"
+        "assert not any(m.split('.')[0] in ('flax', 'optax') for m in sys.modules), 'flax/optax imported'\n"
+        "print('ok')\n"
+    )
+    root = pathlib.Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
 
 def test_config_validation():
