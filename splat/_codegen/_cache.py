@@ -53,6 +53,20 @@ def stats() -> dict[str, float]:
     }
 
 
+def _write_atomic(path: Path, text: str) -> None:
+    """Writes ``text`` to ``path`` through a temp file in the same folder and ``os.replace``:
+    a concurrent reader (another process) sees the old file or the new one, never a part."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem[:16]}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
 def cache_dir() -> Path:
     """The folder generated kernels are written to."""
     d = os.environ.get("SPLAT_CACHE_DIR")
@@ -77,13 +91,9 @@ def load(spec: KernelSpec, *, interpret: bool = False) -> ModuleType:
         t0 = time.perf_counter()
         src = render(spec)
         digest = hashlib.sha256(src.encode()).hexdigest()[:24]
-        folder = cache_dir()
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{spec.op}_{digest}.py"
+        path = cache_dir() / f"{spec.op}_{digest}.py"
         if not path.exists() or path.read_text() != src:
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(src)
-            os.replace(tmp, path)
+            _write_atomic(path, src)
         if os.environ.get("SPLAT_DUMP_KERNELS", "") not in ("", "0"):
             print(f"# splat kernel {spec.op}: {path}\n{src}", file=sys.stderr)
         name = f"_splat_kernel_{spec.op}_{digest}_{'interp' if interpret else 'jit'}"
@@ -245,14 +255,6 @@ class CompileCache:
             _log.debug("splat: not caching compile result %r (%s)", type(result).__name__, e)
             return
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key[:16]}.", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "w") as f:
-                    f.write(text)
-                os.replace(tmp, path)
-            except BaseException:
-                os.unlink(tmp)
-                raise
+            _write_atomic(path, text)
         except OSError as e:  # read-only or full disk: the compile result is still good
             _log.debug("splat: cannot write compiled-kernel cache entry %s (%s)", path, e)
