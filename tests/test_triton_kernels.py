@@ -291,3 +291,41 @@ def test_fused_walk_variants(name, loop):
         (dq, dk, dv), _ref_bwd(q, k, v, mask, scale, do), ("dq", "dk", "dv"), strict=True
     ):
         _close(got, want, 1e-5, what)
+
+
+@pytest.mark.parametrize("name", ["global_window", "dilated", "random", "masked_rows", "sink_window"])
+@pytest.mark.parametrize("chain", [2, 3])
+def test_fused_chained_programs(name, chain):
+    """Programs walking several work items (KernelSpec.chain): ordered, permuted and
+    residual layouts; an item count that ``chain`` does not divide (the last program
+    takes fewer); batch 2 so items span batches and heads."""
+    if name == "global_window":  # long enough for heaviest-first order (KernelSpec.ordered)
+        layout = acsr.from_dense(_mask(name, 192, 192), block=(16, 16))
+    else:
+        layout = _layout(name)
+    mask = layout.to_dense()
+    tiles = (*TILES, "fused", chain)
+    q, k, v, do = _inputs(layout, seed=31, B=2, H=3, Hkv=1)
+    scale = 0.3
+    c = cg.fwd_call(layout, q.shape, k.shape, "float32", scale, tiles=tiles, interpret=True)
+    items = 2 * 3 * c.plan.row_blocks
+    assert c.plan.spec.chain == chain and c.grid == (-(-items // chain),)
+    assert c.plan.spec.ordered is (name == "global_window")
+    out, lse = run_numpy(c, q, k, v)
+    cq, ck = cg.bwd_calls(layout, q.shape, k.shape, "float32", scale, tiles=(tiles, tiles), interpret=True)
+    dq, delta = run_numpy(cq, q, k, v, do, out, lse)
+    dk, dv = run_numpy(ck, q, k, v, do, lse, delta)
+    r_out, _, _ = _ref_fwd(q, k, v, mask, scale)
+    _close(out, r_out, 1e-5, "out")
+    for got, want, what in zip(
+        (dq, dk, dv), _ref_bwd(q, k, v, mask, scale, do), ("dq", "dk", "dv"), strict=True
+    ):
+        _close(got, want, 1e-5, what)
+
+
+def test_chain_is_for_fused_kernels():
+    layout = _layout("window")
+    with pytest.raises(ValueError, match="chain"):
+        cg.sddmm_call(layout, (1, 64, 2, 16), (1, 64, 2, 16), "float32", tiles=(*TILES, "fused", 2))
+    with pytest.raises(ValueError, match="chain must be an int >= 1"):
+        cg.fwd_call(layout, (1, 64, 2, 16), (1, 64, 2, 16), "float32", 0.1, tiles=(*TILES, "fused", 0))
