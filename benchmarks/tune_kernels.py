@@ -113,13 +113,7 @@ def p_dkdv_dotacc(src: str) -> str:
     )
 
 
-def p_noflatten(src: str) -> str:
-    """Chained programs (Tiles.chain > 1) without Triton's loop flattening."""
-    return _sub_once(src, ", flatten=True):", "):")
-
-
 PATCHES = {
-    "noflatten": p_noflatten,
     "dotacc": p_dotacc,
     "vlate": p_vlate,
     "dq_dotacc": p_dq_dotacc,
@@ -130,32 +124,29 @@ PATCHES = {
 # The first session's table (NOTES.md) also tried a warp-specialised full-tile loop
 # (`tl.range(..., warp_specialize=True)`: no gain, fails to compile at 64x64) and the
 # patches above (dotacc, vlate: within 1%); the run-time edge test ("rt") became loop="fused".
-# Session 2 also timed split / single walks, 64x32 and 64x64x2 tiles (NOTES.md); session 3
-# adds chained programs (Tiles.chain: work items per program, one flattened loop).
 FWD_VARIANTS = [
     ("fused", (), (64, 64, 4, 3, "fused")),
-    ("chain2", (), (64, 64, 4, 3, "fused", 2)),
-    ("chain4", (), (64, 64, 4, 3, "fused", 4)),
-    ("chain8", (), (64, 64, 4, 3, "fused", 8)),
-    ("chain4-noflatten", ("noflatten",), (64, 64, 4, 3, "fused", 4)),
-    ("chain4", (), (64, 64, 4, 2, "fused", 4)),
+    ("split", (), (64, 64, 4, 3, "split")),
+    ("single", (), (64, 64, 4, 3, "single")),
+    ("fused", (), (64, 32, 4, 3, "fused")),
     ("fused", (), (128, 64, 8, 3, "fused")),
-    ("chain4", (), (128, 64, 8, 3, "fused", 4)),
     ("fused", (), (128, 128, 8, 3, "fused")),
-    ("chain4", (), (128, 128, 8, 3, "fused", 4)),
+    ("split", (), (128, 128, 8, 3, "split")),
+    ("fused", (), (64, 64, 4, 2, "fused")),
+    ("fused+dotacc", ("dotacc",), (64, 64, 4, 3, "fused")),
 ]
 QUICK_FWD = [v for v in FWD_VARIANTS if v[2][:2] == (64, 64)]
 DQ_VARIANTS = [
     ("fused", (), None),
-    ("chain2", (), (64, 32, 4, 3, "fused", 2)),
-    ("chain4", (), (64, 32, 4, 3, "fused", 4)),
-    ("chain4", (), (128, 64, 8, 3, "fused", 4)),
+    ("split", (), (64, 32, 4, 3, "split")),
+    ("fused", (), (64, 64, 4, 3, "fused")),
+    ("fused", (), (128, 64, 8, 3, "fused")),
 ]
 DKDV_VARIANTS = [
     ("fused", (), None),
-    ("chain2", (), (64, 32, 4, 3, "fused", 2)),
-    ("chain4", (), (64, 32, 4, 3, "fused", 4)),
-    ("chain4", (), (64, 64, 4, 3, "fused", 4)),
+    ("split", (), (64, 64, 4, 2, "split")),
+    ("fused", (), (64, 64, 4, 3, "fused")),
+    ("fused", (), (64, 32, 4, 3, "fused")),
 ]
 
 # unfused ops: (block_m, block_n, warps, stages)
@@ -325,7 +316,7 @@ def main(argv=None) -> dict:
         flops = 4 * B * H * layout.nnz * D
         ref = None
         for vname, patches, tiles in variants:
-            if name in ("causal", "full") and tiles[0] == 64 and tiles[4:] != ("fused",):
+            if name in ("causal", "full") and tiles[0] == 64 and tiles[4] != "fused":
                 continue
             try:
                 t0 = time.perf_counter()
@@ -410,11 +401,11 @@ def main(argv=None) -> dict:
     print("\nbest forward per pattern (useful TF/s):")
     for name in FWD_PATTERNS:
         rows = [r for r in out["rows"] if r.get("kind") == "fwd" and r["pattern"] == name and "ms" in r]
-        base = next((r for r in rows if r["variant"] == "fused" and r["tiles"][:2] == [64, 64]), None)
+        base = next((r for r in rows if r["variant"] == "split" and r["tiles"][:2] == [64, 64]), None)
         best = max(rows, key=lambda r: r["tflops"], default=None)
         if best and base:
             print(
-                f"  {name:20s} fused 64x64 {base['tflops']:6.1f}  best {best['tflops']:6.1f} "
+                f"  {name:20s} split 64x64 {base['tflops']:6.1f}  best {best['tflops']:6.1f} "
                 f"({best['variant']} {best['tiles']}, err {best['err_vs_first']:.1e})"
             )
     return out

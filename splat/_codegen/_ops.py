@@ -38,14 +38,7 @@ def _call(p: Plan, grid_b: int, out, constexprs, interpret: bool) -> Call:
     s = p.spec
     k = load(s, interpret=interpret).kernel
     cx = dict(constexprs, BLOCK_M=s.block_m, BLOCK_N=s.block_n)
-    if s.chain > 1:  # programs walk work items p, p + programs, ... (KernelSpec.chain)
-        items = grid_b * p.row_blocks
-        cx.update(ITEMS=items, ROW_BLOCKS=p.row_blocks)
-        grid = (-(-items // s.chain),)
-    elif s.ordered:
-        grid = (grid_b, p.row_blocks)
-    else:
-        grid = (p.row_blocks, grid_b)
+    grid = (grid_b, p.row_blocks) if s.ordered else (p.row_blocks, grid_b)
     return Call(k, grid, p.meta, tuple(out), cx, s.num_warps, s.num_stages, p)
 
 

@@ -185,12 +185,7 @@ def _walk(spec: KernelSpec, call: str, need_slot: bool, res_call: str | None = N
 
 
 def _rows_prologue(spec: KernelSpec) -> list[str]:
-    if spec.chain > 1:  # the body runs inside the work-item loop (see _chained)
-        if spec.ordered:
-            L = ["pid_bh = item % (ITEMS // ROW_BLOCKS)", "pid_m = tl.load(Order + item // (ITEMS // ROW_BLOCKS))"]
-        else:
-            L = ["pid_m = item % ROW_BLOCKS", "pid_bh = item // ROW_BLOCKS"]
-    elif spec.ordered:  # heaviest row blocks first, all heads of one block side by side
+    if spec.ordered:  # heaviest row blocks first, all heads of one block side by side
         L = ["pid_bh = tl.program_id(0)", "pid_m = tl.load(Order + tl.program_id(1))"]
     else:
         L = ["pid_m = tl.program_id(0)", "pid_bh = tl.program_id(1)"]
@@ -592,22 +587,7 @@ def _kernel(spec: KernelSpec) -> str:
         )
     else:  # pragma: no cover
         raise ValueError(op)
-    if spec.chain > 1:
-        sig = sig.replace("BLOCK_M: tl.constexpr", "ITEMS: tl.constexpr, ROW_BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr")
-        body = _chained(spec, body)
     return f"\n\n@triton.jit\ndef kernel({sig}):\n" + _indent(body, 4) + "\n"
-
-
-def _chained(spec: KernelSpec, body: list[str]) -> list[str]:
-    """``body`` (one work item) inside the program's loop over its items (KernelSpec.chain).
-
-    ``flatten=True`` lets Triton fuse this loop with the tile loops inside it, so
-    the software pipeline runs across item boundaries instead of draining at each.
-    """
-    return [
-        f"# -- work items program_id, program_id + num_programs, ... (about {spec.chain} per program)",
-        "for item in tl.range(tl.program_id(0), ITEMS, tl.num_programs(0), flatten=True):",
-    ] + ["    " + x if x else x for x in body]
 
 
 def _softmax_step(phase: int, slot: str, in_width: str) -> list[str]:

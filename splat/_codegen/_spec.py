@@ -29,7 +29,6 @@ import acsr
 from acsr import ACSR, Piece
 
 OPS = ("fwd", "bwd_dq", "bwd_dkdv", "sddmm", "softmax", "spmm")
-FUSED_OPS = ("fwd", "bwd_dq", "bwd_dkdv")
 DTYPES = ("float16", "bfloat16", "float32")
 MAX_HEAD_DIM = 256
 
@@ -82,11 +81,6 @@ class KernelSpec:
     ``ordered``: programs take row blocks from an ``Order`` operand, heaviest
     first, with the grid's fastest axis over batch x heads (load balance for
     layouts with a few very long rows, e.g. global tokens).
-    ``chain``: work items (one row block of one batch x head) per program. With
-    ``chain > 1`` the fused attention kernels run ``ceil(items / chain)``
-    programs, program ``p`` taking items ``p, p + programs, ...`` in one
-    flattened loop (``tl.range(..., flatten=True)``), so the next item's loads
-    overlap the current item's last tiles and epilogue; 1 is one program per item.
     """
 
     op: str
@@ -106,7 +100,6 @@ class KernelSpec:
     num_stages: int = 2
     loop: str = "fused"
     ordered: bool = False
-    chain: int = 1
 
     @property
     def group(self) -> int:
@@ -137,8 +130,7 @@ class KernelSpec:
 class Tiles(NamedTuple):
     """Tile configuration of one kernel (``tiles=`` accepts a plain 4- or 5-tuple too).
 
-    ``loop``: ``"fused"``, ``"split"`` or ``"single"``; ``chain``: work items per
-    program (fused attention kernels only); see :class:`KernelSpec`.
+    ``loop``: ``"fused"``, ``"split"`` or ``"single"`` (see :class:`KernelSpec`).
     """
 
     block_m: int
@@ -146,7 +138,6 @@ class Tiles(NamedTuple):
     num_warps: int
     num_stages: int
     loop: str = "fused"
-    chain: int = 1
 
 
 @dataclass(frozen=True, eq=False)
@@ -302,7 +293,7 @@ def plan(
       dtype: element dtype of q/k/v (``float16``, ``bfloat16``, ``float32``).
       head_dim: D.
       num_heads, num_kv_heads: H and H_kv (H_kv divides H).
-      tiles: :class:`Tiles` (or ``(block_m, block_n, num_warps, num_stages[, loop[, chain]])``);
+      tiles: :class:`Tiles` (or ``(block_m, block_n, num_warps, num_stages[, loop])``);
         defaults per op.
     """
     if op not in OPS:
@@ -318,13 +309,9 @@ def plan(
 @functools.lru_cache(maxsize=256)
 def _plan_cached(op, layout: ACSR, dtype, head_dim, num_heads, num_kv_heads, tiles) -> Plan:
     row_keys = layout.nnz / max(layout.q_len, 1)
-    bm, bn, warps, stages, loop, chain = tiles or default_tiles(op, head_dim, dtype, row_keys)
+    bm, bn, warps, stages, loop = tiles or default_tiles(op, head_dim, dtype, row_keys)
     if loop not in LOOPS:
         raise ValueError(f"tile loop must be one of {LOOPS}, got {loop!r}")
-    if not isinstance(chain, (int, np.integer)) or chain < 1:
-        raise ValueError(f"tile chain must be an int >= 1, got {chain!r}")
-    if chain > 1 and op not in FUSED_OPS:
-        raise ValueError(f"tile chain > 1 is for the fused kernels {FUSED_OPS}, not {op!r}")
     res = layout.residual
     if res is not None:
         if res.block_kv < 16 or res.block_kv & (res.block_kv - 1):
@@ -389,7 +376,6 @@ def _plan_cached(op, layout: ACSR, dtype, head_dim, num_heads, num_kv_heads, til
         num_stages=stages,
         loop=loop,
         ordered=order is not None,
-        chain=int(chain),
     )
     meta = tuple(np.ascontiguousarray(m, dtype=np.int8 if m.dtype == np.int8 else np.int32) for m in meta)
     return Plan(spec, meta, row_blocks)
