@@ -168,13 +168,27 @@ _GPU_TILES = {
 # causal at 128x128; dq 556 vs 463 at 128x64; 1k-key rows lose 3-10% with them).
 _LONG_ROW = 2048
 _LONG_TILES = {"fwd": (128, 128, 8, 3), "bwd_dq": (128, 64, 8, 3)}
+# Shorter rows: 128-row forward tiles run full tiles ~10% faster than 64-row ones (H200:
+# 477 vs 432 TF/s on a full mask) but waste more of a diagonal edge (window256: 266 vs 298).
+# Taken when 128x64 tiles cover the mask almost as tightly as 64x64 ones (block-local:
+# 403 vs 368 TF/s), see NOTES.md.
+_TALL_TILES = {"fwd": (128, 64, 8, 3)}
+_TALL_MIN_COVER = 0.97
 
 
-def default_tiles(op: str, head_dim: int, dtype: str = "bfloat16", row_keys: float = 0.0) -> Tiles:
-    """Heuristic tiles for ``op``; ``row_keys``: mean keys per query row of the layout."""
+def default_tiles(
+    op: str, head_dim: int, dtype: str = "bfloat16", row_keys: float = 0.0, tall_cover: float = 0.0
+) -> Tiles:
+    """Heuristic tiles for ``op``.
+
+    ``row_keys``: mean keys per query row of the layout; ``tall_cover``: how tightly
+    128-row tiles cover the mask relative to 64-row ones (:func:`tile_cover` ratio).
+    """
     bm, bn, w, st = _GPU_TILES[op]
     if op in _LONG_TILES and row_keys >= _LONG_ROW and head_dim <= 128 and dtype != "float32":
         bm, bn, w, st = _LONG_TILES[op]
+    elif op in _TALL_TILES and tall_cover >= _TALL_MIN_COVER and head_dim <= 128 and dtype != "float32":
+        bm, bn, w, st = _TALL_TILES[op]
     if dtype == "float32":  # exact (ieee) fp32 dots: smaller tiles compile and run far better
         bm, bn, w = min(bm, 64), min(bn, 32), 4
     if head_dim > 128:
@@ -196,25 +210,37 @@ def _block_rows(layout: ACSR, perm: np.ndarray | None, bm: int) -> np.ndarray:
     return np.where(r < layout.q_len, r, -1).reshape(-1, bm)
 
 
-def _block_order(layout: ACSR, perm: np.ndarray | None, bm: int) -> np.ndarray | None:
-    """Row blocks heaviest first when a few blocks walk far more columns than the rest, else None."""
-    rows = _block_rows(layout, perm, bm)
-    if rows.shape[0] < 2:
-        return None
+def _block_spans(layout: ACSR, rows: np.ndarray) -> list[np.ndarray]:
+    """Per segment, the (compressed) columns each row block of ``rows`` walks, and the residual's."""
     ok = rows >= 0
     r = np.maximum(rows, 0)
-    work = np.zeros(rows.shape[0], np.float64)
+    spans = []
     for s in layout.segments:
         live = ok & (s.count[r] > 0)
         st = np.maximum(s.stride[r].astype(np.int64), 1)
         b = s.base[r].astype(np.int64) // st
         lo = np.where(live, b, np.iinfo(np.int64).max).min(1)
         hi = np.where(live, b + s.count[r], 0).max(1)
-        work += np.maximum(hi - lo, 0)
+        spans.append(np.maximum(hi - lo, 0))
     if layout.residual is not None:
         nb = layout.residual.num_blocks * layout.residual.block_kv
-        first = rows[:, 0].clip(0) // layout.residual.block_q
-        work += nb[first]
+        spans.append(nb[rows[:, 0].clip(0) // layout.residual.block_q].astype(np.int64))
+    return spans
+
+
+def tile_cover(layout: ACSR, bm: int, bn: int) -> float:
+    """Mask entries over the (row, column) pairs a walk with ``bm x bn`` tiles visits (1 = no waste)."""
+    rows = _block_rows(layout, _permutation(layout, bm), bm)
+    walked = sum(float((-(-sp // bn) * bn).sum()) for sp in _block_spans(layout, rows)) * bm
+    return layout.nnz / walked if walked else 1.0
+
+
+def _block_order(layout: ACSR, perm: np.ndarray | None, bm: int) -> np.ndarray | None:
+    """Row blocks heaviest first when a few blocks walk far more columns than the rest, else None."""
+    rows = _block_rows(layout, perm, bm)
+    if rows.shape[0] < 2:
+        return None
+    work = np.sum(_block_spans(layout, rows), axis=0, dtype=np.float64)
     med = float(np.median(work))
     if work.max() <= _HEAVY * max(med, 1.0):
         return None
@@ -308,8 +334,11 @@ def plan(
 
 @functools.lru_cache(maxsize=256)
 def _plan_cached(op, layout: ACSR, dtype, head_dim, num_heads, num_kv_heads, tiles) -> Plan:
-    row_keys = layout.nnz / max(layout.q_len, 1)
-    bm, bn, warps, stages, loop = tiles or default_tiles(op, head_dim, dtype, row_keys)
+    if tiles is None:
+        row_keys = layout.nnz / max(layout.q_len, 1)
+        tall = tile_cover(layout, 128, 64) / max(tile_cover(layout, 64, 64), 1e-9) if op in _TALL_TILES else 0.0
+        tiles = default_tiles(op, head_dim, dtype, row_keys, tall)
+    bm, bn, warps, stages, loop = tiles
     if loop not in LOOPS:
         raise ValueError(f"tile loop must be one of {LOOPS}, got {loop!r}")
     res = layout.residual
@@ -424,6 +453,7 @@ __all__ = [
     "transposed",
     "transpose_slots",
     "default_tiles",
+    "tile_cover",
     "check_head_dim",
     "acsr",
 ]
