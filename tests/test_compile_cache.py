@@ -363,3 +363,77 @@ def test_compile_time_benchmark_warm_processes_reuse_the_caches(tmp_path):
     assert (
         warm_jc["split"]["fwd"]["jax_cache_hits"] >= 1 and warm_jc["split"]["fwdbwd"]["jax_cache_hits"] >= 1
     )
+
+
+# -- cubins handed to jaxlib (module images) ------------------------------------------
+
+
+def _kernel_call_proto(ptx: str, *, image: bytes | None = None) -> bytes:
+    """A TritonAnyKernelCall as jax-triton 0.3.1 serializes one (field numbers of triton.proto)."""
+    from jax_bindings._kernel_proto import pb_bytes
+
+    kernel = [(1, 2, b"kernel"), (2, 0, 4), (3, 0, 49152), (4, 2, ptx.encode()), (5, 2, b"ttir"), (6, 0, 90)]
+    if image is not None:
+        kernel.append((11, 2, pb_bytes([(1, 2, image)])))
+    params = [(5, 2, pb_bytes([(1, 2, pb_bytes([(2, 0, 16)]))])), (5, 2, pb_bytes([(3, 0, 7)]))]
+    call = [(1, 2, pb_bytes(kernel)), (2, 0, 128), (3, 0, 16), (4, 0, 1), *params]
+    return pb_bytes([(1, 2, pb_bytes(call)), (3, 2, b"\x00meta\xff"), (4, 2, b"splat fwd")])
+
+
+def test_module_image_is_attached_and_everything_else_kept():
+    from jax_bindings._kernel_proto import pb_fields, with_module_image
+
+    ptx = ".version 8.7\n.target sm_90a\n" + "x" * 300  # > 127 bytes: multi-byte lengths
+    seen = []
+
+    def image(p, cc):
+        seen.append((p, cc))
+        return b"\x7fELF cubin"
+
+    old = _kernel_call_proto(ptx)
+    new = with_module_image(old, image)
+    assert seen == [(ptx, 90)]
+    top = pb_fields(new)
+    assert top[1:] == pb_fields(old)[1:]  # metadata and name untouched
+    call, old_call = pb_fields(top[0][2]), pb_fields(pb_fields(old)[0][2])
+    assert call[1:] == old_call[1:]  # grid and parameters untouched
+    kernel, old_kernel = pb_fields(call[0][2]), pb_fields(old_call[0][2])
+    assert kernel[:-1] == old_kernel  # the PTX stays: it is part of jaxlib's cache key
+    num, wt, module = kernel[-1]
+    assert (num, wt) == (11, 2)
+    assert pb_fields(module) == [(1, 2, b"\x7fELF cubin"), (2, 2, b"kernel"), (3, 0, 49152)]
+
+
+def test_module_image_left_alone_when_none_or_already_there():
+    from jax_bindings._kernel_proto import with_module_image
+
+    old = _kernel_call_proto("ptx")
+    assert with_module_image(old, lambda p, cc: None) == old
+    has = _kernel_call_proto("ptx", image=b"cubin")
+    assert with_module_image(has, lambda p, cc: pytest.fail("must not assemble again")) == has
+    autotuned = bytes([0x12, 0x00])  # field 2 (an autotuned call), empty
+    assert with_module_image(autotuned, lambda p, cc: b"x") == autotuned
+
+
+def test_module_image_cache_assembles_once_per_ptx(folder):
+    calls = []
+
+    def assemble(ptx):
+        calls.append(ptx)
+        return b"cubin:" + ptx.encode()
+
+    before = _cache.stats()
+    assert _cache.module_image("a", "sm_90a", assemble, salt="s") == b"cubin:a"
+    assert _cache.module_image("a", "sm_90a", assemble, salt="s") == b"cubin:a"  # disk
+    assert _cache.module_image("a", "sm_100a", assemble, salt="s") == b"cubin:a"  # other arch
+    assert _cache.module_image("a", "sm_90a", assemble, salt="t") == b"cubin:a"  # other ptxas
+    assert calls == ["a", "a", "a"]
+    after = _cache.stats()
+    assert after["images"] - before["images"] == 4 and after["image_hits"] - before["image_hits"] == 1
+    files = sorted((folder.parent / "cubin").iterdir())
+    assert len(files) == 3 and all(f.suffix == ".cubin" for f in files)
+    files[0].write_bytes(b"")  # an empty entry is a miss, and is rewritten
+    n = len(calls)
+    for arch, salt in (("sm_90a", "s"), ("sm_100a", "s"), ("sm_90a", "t")):
+        _cache.module_image("a", arch, assemble, salt=salt)
+    assert len(calls) == n + 1 and files[0].read_bytes() == b"cubin:a"

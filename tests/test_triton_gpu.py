@@ -123,3 +123,40 @@ def test_triton_cache_dir_survives_jax_triton_import():
     knobs = getattr(triton, "knobs", None)  # triton >= 3.4
     if knobs is not None:
         assert knobs.cache.dir  # a folder Triton's cache manager can use
+
+
+def test_kernels_carry_their_cubin_in_a_new_process(tmp_path):
+    """jaxlib loads the cubin splat attached (module image): a second process with the
+    same cache folder assembles nothing and gets the same output as the first."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import json, numpy as np, jax, jax.numpy as jnp, acsr\n"
+        "from jax_bindings import _triton as jt\n"
+        "from splat._codegen import _cache\n"
+        "m = np.abs(np.arange(300)[:, None] - np.arange(300)[None, :]) <= 40\n"
+        "layout = acsr.from_dense(m)\n"
+        "q = jnp.asarray(np.random.default_rng(0).standard_normal((1, 300, 2, 64)), jnp.bfloat16)\n"
+        "out, _ = jax.jit(lambda a: jt.attention_fwd(a, a, a, layout, 0.125))(q)\n"
+        "s = _cache.stats()\n"
+        "print(json.dumps({'installed': jt.MODULE_IMAGES_INSTALLED, 'images': s['images'],"
+        " 'hits': s['image_hits'], 'sum': float(jnp.sum(out.astype(jnp.float32)))}))\n"
+    )
+    env = dict(os.environ, SPLAT_CACHE_DIR=str(tmp_path))
+    runs = [
+        json.loads(
+            subprocess.run(
+                [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+            ).stdout.splitlines()[-1]
+        )
+        for _ in range(2)
+    ]
+    if not runs[0]["installed"]:
+        pytest.skip("this jaxlib does not read TritonKernel.module_image")
+    assert runs[0]["images"] == 1 and runs[0]["hits"] == 0
+    assert runs[1]["images"] == 1 and runs[1]["hits"] == 1
+    assert runs[0]["sum"] == runs[1]["sum"]
+    assert len(list((tmp_path / "cubin").glob("*.cubin"))) == 1

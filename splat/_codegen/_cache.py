@@ -8,6 +8,8 @@
 * :class:`CompileCache` keeps what Triton compiled from those modules (PTX) in
   ``<folder>/triton/``, so a new process skips TTIR -> PTX (installed around
   jax-triton by :mod:`jax_bindings._triton`; ``SPLAT_NO_DISK_CACHE=1`` turns it off);
+* :func:`module_image` keeps the cubin assembled from each PTX in ``<folder>/cubin/``
+  (handed to jaxlib by :mod:`jax_bindings._triton`, so it does not run ptxas again);
 * :func:`stats` counts renders, compile requests, disk hits and compiles.
 """
 
@@ -46,21 +48,22 @@ def stats() -> dict[str, float]:
     * ``compile_calls``: compile requests that reached :class:`CompileCache` (jax-triton's
       in-memory cache missed: a kernel new to this process);
     * ``disk_hits`` / ``compiled``: of those, served from disk / compiled for real;
-    * ``compile_s``: seconds spent in the real compiles.
+    * ``compile_s``: seconds spent in the real compiles;
+    * ``images`` / ``image_hits`` / ``image_s``: PTX -> cubin requests (:func:`module_image`),
+      of those served from disk, and seconds spent assembling the rest.
     """
-    return {
-        k: _STATS[k] for k in ("rendered", "render_s", "compile_calls", "disk_hits", "compiled", "compile_s")
-    }
+    names = ("rendered", "render_s", "compile_calls", "disk_hits", "compiled", "compile_s")
+    return {k: _STATS[k] for k in (*names, "images", "image_hits", "image_s")}
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """Writes ``text`` to ``path`` through a temp file in the same folder and ``os.replace``:
+def _write_atomic(path: Path, data: str | bytes) -> None:
+    """Writes ``data`` to ``path`` through a temp file in the same folder and ``os.replace``:
     a concurrent reader (another process) sees the old file or the new one, never a part."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem[:16]}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
+            f.write(data)
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
@@ -258,3 +261,35 @@ class CompileCache:
             _write_atomic(path, text)
         except OSError as e:  # read-only or full disk: the compile result is still good
             _log.debug("splat: cannot write compiled-kernel cache entry %s (%s)", path, e)
+
+
+# -- assembled kernels (cubin) -----------------------------------------------------
+
+
+def module_image(ptx: str, arch: str, assemble: Callable[[str], bytes], *, salt: str = "") -> bytes:
+    """The cubin of ``ptx`` for ``arch`` (e.g. ``"sm_90a"``): from disk, or ``assemble(ptx)`` and stored.
+
+    Entries are ``<cache_dir()>/cubin/<sha256 of format, salt, arch, ptx>.cubin``,
+    written atomically; ``salt`` names the assembler (ptxas version). A file that
+    is empty or unreadable is a miss. ``SPLAT_NO_DISK_CACHE=1``: always assemble.
+    """
+    _STATS["images"] += 1
+    key = hashlib.sha256(json.dumps(["cubin", 1, salt, arch, ptx]).encode()).hexdigest()
+    path = cache_dir() / "cubin" / f"{key}.cubin"
+    if not _disabled():
+        try:
+            data = path.read_bytes()
+            if data:
+                _STATS["image_hits"] += 1
+                return data
+        except OSError:
+            pass
+    t = time.perf_counter()
+    data = assemble(ptx)
+    _STATS["image_s"] += time.perf_counter() - t
+    if not _disabled():
+        try:
+            _write_atomic(path, data)
+        except OSError as e:  # read-only or full disk: the cubin is still good
+            _log.debug("splat: cannot write cubin cache entry %s (%s)", path, e)
+    return data

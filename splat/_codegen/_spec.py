@@ -336,7 +336,9 @@ def plan(
 def _plan_cached(op, layout: ACSR, dtype, head_dim, num_heads, num_kv_heads, tiles) -> Plan:
     if tiles is None:
         row_keys = layout.nnz / max(layout.q_len, 1)
-        tall = tile_cover(layout, 128, 64) / max(tile_cover(layout, 64, 64), 1e-9) if op in _TALL_TILES else 0.0
+        tall = (
+            tile_cover(layout, 128, 64) / max(tile_cover(layout, 64, 64), 1e-9) if op in _TALL_TILES else 0.0
+        )
         tiles = default_tiles(op, head_dim, dtype, row_keys, tall)
     bm, bn, warps, stages, loop = tiles
     if loop not in LOOPS:
