@@ -28,6 +28,13 @@ where rows have unequal lengths, e.g. ``strided``). FLOPs: ``2*B*H*nnz*D`` for
 ``sddmm`` and ``spmm``; 0 for ``softmax`` (no matrix work: it is bounded by
 memory).
 
+Timing (``timing_method`` in the JSON): on a GPU one launch runs 10 calls of the
+op chained inside one jitted executable (``splat._peers.chain``: where an output
+has an argument's shape it is that argument in the next call, and all inputs pass
+through ``lax.optimization_barrier`` with the previous output), and a sample is
+launches back to back, at least 20 ms of them, then one sync; ``ms`` is the
+sample over the calls it made.
+
 Bound: the op's ideal time is ``max(bytes / copy_bw, flops / matmul_rate)``;
 ``bound`` names the larger term ("memory" or "matrix") and ``frac_of_bound =
 ideal / measured`` is the fraction of that limit reached (>= 0.5 meets the
@@ -90,31 +97,30 @@ def op_flops(op: str, *, b: int, h: int, d: int, nnz: int) -> int:
     return 0 if op == "softmax" else 2 * b * h * nnz * d
 
 
-def _compiled(fn, *args):
-    """jit + compile ``fn(*args)``, run it once; returns ``(out, run, launch, sync)`` for time_call."""
+def _time(fn, args, warmup: int, repeats: int, per_sample: int, feed: dict) -> tuple[object, dict]:
+    """``(fn(*args), timing)``: a launch runs ``per_sample`` chained calls in one executable.
+
+    ``feed`` (``splat._peers.chain``): ``{argument index: output leaf}`` that the
+    output replaces in the next call of the chain.
+    """
     import jax
 
-    compiled = jax.jit(fn).lower(*args).compile()
-    out = jax.block_until_ready(compiled(*args))  # surfaces runtime failures before any timing
-    pending: list = []
-
-    def run():
-        jax.block_until_ready(compiled(*args))
-
-    def launch():
-        pending[:] = [compiled(*args)]
-
-    def sync():
-        jax.block_until_ready(pending)
-
-    return out, run, launch, sync
-
-
-def _time(fn, args, warmup: int, repeats: int, per_sample: int) -> tuple[object, dict]:
     from splat._bench import time_call
+    from splat._peers import compile_timed
 
-    out, run, launch, sync = _compiled(fn, *args)
-    return out, time_call(run, warmup, repeats, launch=launch, sync=sync, per_sample=per_sample)
+    compiled, launch, sync = compile_timed(fn, args, per_sample, feed)
+    out = jax.block_until_ready(compiled(*args))
+    t = time_call(
+        None,
+        warmup,
+        repeats,
+        launch=launch,
+        sync=sync,
+        per_sample=per_sample,
+        calls_per_launch=per_sample,
+        min_sample_ms=20.0 if per_sample > 1 else 0.0,
+    )
+    return out, t
 
 
 def measure_copy(mib: int, warmup: int, repeats: int, per_sample: int) -> dict:
@@ -123,7 +129,7 @@ def measure_copy(mib: int, warmup: int, repeats: int, per_sample: int) -> dict:
 
     n = mib * 2**20 // 4
     x = jnp.arange(n, dtype=jnp.float32)
-    _, t = _time(lambda x: x + 1, (x,), warmup, repeats, per_sample)
+    _, t = _time(lambda x: x + 1, (x,), warmup, repeats, per_sample, feed={0: 0})
     nbytes = 2 * n * 4
     gbps = nbytes / (t["ms"] * 1e-3) / 1e9
     return {"method": "x + 1, float32", "bytes": nbytes, "ms": t["ms"], "gbps": gbps}
@@ -137,7 +143,7 @@ def measure_matmul(n: int, dtype, warmup: int, repeats: int, per_sample: int) ->
     ka, kb = jax.random.split(jax.random.key(1))
     a = jax.random.normal(ka, (n, n), jnp.float32).astype(dtype)
     b = jax.random.normal(kb, (n, n), jnp.float32).astype(dtype)
-    _, t = _time(lambda a, b: a @ b, (a, b), warmup, repeats, per_sample)
+    _, t = _time(lambda a, b: a @ b, (a, b), warmup, repeats, per_sample, feed={0: 0})
     flops = 2 * n**3
     return {
         "n": n,
@@ -245,6 +251,8 @@ def main(argv: list[str] | None = None) -> dict:
         "byte_formulas": BYTE_FORMULAS,
         "flop_formulas": FLOP_FORMULAS,
         "bound_rule": BOUND_RULE,
+        "timing_method": _bench.TIMING_METHOD,
+        "per_sample": per_sample,
         "copy": copy,
         "matmul": mm,
         "rows": [],
@@ -277,6 +285,9 @@ def main(argv: list[str] | None = None) -> dict:
                 "spmm": lambda x, v, layout=layout: splat.spmm(x, v, layout, backend=backend),
             }
             x = None  # scores, then probs: each op's input is the previous op's output
+            # in a timing chain, the output stands in for the argument of its shape: probs for
+            # the scores, out for v; sddmm's scores have no such argument (barrier only)
+            feeds = {"sddmm": {}, "softmax": {0: 0}, "spmm": {1: 0}}
             for op in OPS:
                 if op != "sddmm" and x is None:
                     result["skipped"].append({**base, "op": op, "reason": "its input (the op before) failed"})
@@ -285,7 +296,7 @@ def main(argv: list[str] | None = None) -> dict:
                 try:
                     with warnings.catch_warnings(record=True) as caught:
                         warnings.simplefilter("always")
-                        y, t = _time(fns[op], args_, args.warmup, args.repeats, per_sample)
+                        y, t = _time(fns[op], args_, args.warmup, args.repeats, per_sample, feeds[op])
                 except Exception as err:  # out of memory, a kernel that fails: record, go on
                     msg = str(err).strip().splitlines()
                     reason = f"{type(err).__name__}: {msg[0][:200] if msg else ''}"

@@ -1,9 +1,10 @@
 """``splat bench``: splat against its peers, pattern x length x mode, in one process.
 
 Every implementation (see :mod:`splat._peers`) gets the same random inputs; each
-is compiled and run once, then run ``warmup`` more times untimed and ``repeats``
-times timed (wall clock around a call that blocks until the device is done); the
-median is reported.
+is compiled and run once, then sampled ``warmup`` times untimed and ``repeats``
+times timed; the median is reported. A sample makes calls back to back and waits
+for the device once: on a GPU at least 10 calls and at least 20 ms, a JAX peer's
+calls chained 10 to an executable; one call on the CPU (see :data:`TIMING_METHOD`).
 
 Useful FLOPs count only the mask's nonzeros::
 
@@ -36,6 +37,7 @@ import functools
 import importlib
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import statistics
@@ -50,6 +52,7 @@ __all__ = [
     "CHECK_RULE",
     "BenchConfig",
     "FLOP_FORMULA",
+    "TIMING_METHOD",
     "build_section",
     "compare_outputs",
     "environment",
@@ -65,6 +68,16 @@ FLOP_FORMULA = (
     "useful FLOPs = 4*B*H*nnz*D (forward); forward+backward counts 3.5x that (backward = 2.5x forward)"
 )
 RATIO_DEFINITION = "x splat = peer median ms / splat median ms (> 1: splat is faster)"
+TIMING_METHOD = (
+    "ms per call = wall clock of one sample / the calls it made (the row's per_sample). A sample is "
+    "launches back to back, then one wait for the device; on a GPU it makes at least 10 calls and, "
+    "counted after the warmup, lasts at least min_sample_ms (settings), so its one-off costs (first "
+    "dispatch, the wait) stay small. JAX peers: one launch runs 10 calls chained inside ONE jitted "
+    "executable (Python-unrolled; each call's q is the previous call's out, in fwd+bwd its do the "
+    "previous dq, and all inputs pass through lax.optimization_barrier with the previous outputs, so "
+    "XLA neither merges, hoists nor drops calls), as attention inside a jitted training step: no host "
+    "dispatch between calls. Torch peers: one launch is one call. Each row's 'timing' says which."
+)
 SCHEMA = "splat-bench/1"
 
 # Output check tolerance, relative to max|splat out|, per input dtype. Two correct kernels differ
@@ -253,37 +266,63 @@ def resolve_patterns(
 
 
 def time_call(
-    run: Callable[[], None],
+    run: Callable[[], None] | None,
     warmup: int,
     repeats: int,
     *,
     launch: Callable[[], None] | None = None,
     sync: Callable[[], None] | None = None,
     per_sample: int = 1,
+    calls_per_launch: int = 1,
+    min_sample_ms: float = 0.0,
 ) -> dict:
-    """Milliseconds per run: median, min and all samples.
+    """Milliseconds per call: median, min and all samples, and how they were taken.
 
     Without ``launch``, each sample times one ``run()`` (which must block). With
-    ``launch``/``sync``, each sample enqueues ``per_sample`` runs back to back and
-    waits once, so host dispatch and synchronisation latency overlap device work
-    as in a training loop; the sample is divided by ``per_sample``.
+    ``launch``/``sync``, a sample is launches back to back, each enqueuing
+    ``calls_per_launch`` calls (a JAX peer's chain compiled into one executable),
+    then one ``sync()``, divided by the calls made: ``per_sample / calls_per_launch``
+    launches, or more where ``min_sample_ms`` asks (counted from one sample taken
+    after the warmup), so that what a sample pays once (the first dispatch, the
+    sync) is a small part of it. Warmup samples are taken the same way, untimed.
+
+    Returns:
+      ``{"ms", "ms_min", "samples_ms", "per_sample", "calls_per_launch", "timing"}``;
+      ``per_sample`` is the calls a timed sample made, ``timing`` says how in words.
     """
-    if launch is None or sync is None:
-        launch, sync, per_sample = run, (lambda: None), 1
-    for _ in range(warmup):
-        run()
-    times = []
-    for _ in range(repeats):
+    blocking = launch is None or sync is None
+    if blocking:
+        launch, sync, per_sample, calls_per_launch, min_sample_ms = run, (lambda: None), 1, 1, 0.0
+    elif per_sample % calls_per_launch:
+        raise ValueError(f"per_sample {per_sample} is not a multiple of calls_per_launch {calls_per_launch}")
+    launches = per_sample // calls_per_launch
+
+    def sample() -> float:
         t0 = time.perf_counter()
-        for _ in range(per_sample):
+        for _ in range(launches):
             launch()
         sync()
-        times.append((time.perf_counter() - t0) * 1e3 / per_sample)
+        return (time.perf_counter() - t0) * 1e3 / (launches * calls_per_launch)
+
+    for _ in range(warmup):
+        sample()
+    if min_sample_ms > 0:
+        sample_ms = sample() * launches * calls_per_launch
+        launches = max(launches, math.ceil(launches * min_sample_ms / max(sample_ms, 1e-6)))
+    times = [sample() for _ in range(repeats)]
+    if blocking:
+        timing = "one blocking call"
+    elif calls_per_launch > 1:
+        timing = f"{launches} x {calls_per_launch} calls chained in one executable, one sync"
+    else:
+        timing = f"{launches} launch{'es' if launches > 1 else ''}, one sync"
     return {
         "ms": statistics.median(times),
         "ms_min": min(times),
         "samples_ms": times,
-        "per_sample": per_sample,
+        "per_sample": launches * calls_per_launch,
+        "calls_per_launch": calls_per_launch,
+        "timing": timing,
     }
 
 
@@ -313,11 +352,12 @@ def run_bench(
 
     Returns:
       ``{"schema", "created", "environment", "settings", "flop_formula", "ratio_definition",
-      "check_rule", "results": [...], "skipped": [...], "memory": [...], "disagreements": [...],
-      "build": {...} (when asked)}``. Each result row carries its output check
-      (``max_abs_err_vs_splat``, ``rel_err_vs_splat``, ``check_tolerance``, ``agrees``,
-      ``check``); ``disagreements`` lists each (pattern, S, dtype, peer) whose output
-      is not within tolerance of splat's.
+      "timing_method", "check_rule", "results": [...], "skipped": [...], "memory": [...],
+      "disagreements": [...], "build": {...} (when asked)}``. Each result row carries its
+      output check (``max_abs_err_vs_splat``, ``rel_err_vs_splat``, ``check_tolerance``,
+      ``agrees``, ``check``) and how it was timed (``per_sample``, ``calls_per_launch``,
+      ``timing``); ``disagreements`` lists each (pattern, S, dtype, peer) whose output is
+      not within tolerance of splat's.
     """
     import splat
     from splat._peers import PEERS, PeerUnavailable, Problem
@@ -329,6 +369,8 @@ def run_bench(
         peer_names.remove("splat")
         peer_names.insert(0, "splat")
     log(f"splat bench on {env['device']} ({env['platform']}); {FLOP_FORMULA}; {RATIO_DEFINITION}")
+    # calls one JAX launch chains, and the least time a sample lasts (TIMING_METHOD)
+    per_sample, min_sample_ms = (10, 20.0) if _on_gpu() else (1, 0.0)
 
     results, skipped, memory, disagreements = [], [], [], []
     told = set()
@@ -350,7 +392,17 @@ def run_bench(
             q, k, v, do = (rng.standard_normal((b, s, h, d), dtype=np.float32) for _ in range(4))
             # make_problem(mode): the same inputs (and one dense-mask cache) for every peer and mode
             make_problem = functools.partial(
-                Problem, q, k, v, do, mask, layout, config.dtype, backend=config.backend, _dense=[]
+                Problem,
+                q,
+                k,
+                v,
+                do,
+                mask,
+                layout,
+                config.dtype,
+                backend=config.backend,
+                per_sample=per_sample,
+                _dense=[],
             )
             where = {"pattern": name, "mask": repr(mask), "S": s, "dtype": config.dtype}
             check = _OutputCheck(where, make_problem, disagreements, log)
@@ -376,7 +428,9 @@ def run_bench(
                             config.repeats,
                             launch=prepared.launch,
                             sync=prepared.sync,
-                            per_sample=10 if _on_gpu() else 1,
+                            per_sample=per_sample,
+                            calls_per_launch=prepared.calls_per_launch,
+                            min_sample_ms=min_sample_ms,
                         )
                     except PeerUnavailable as e:
                         skip(base, peer, str(e), check)
@@ -414,9 +468,16 @@ def run_bench(
         "schema": SCHEMA,
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "environment": env,
-        "settings": {**asdict(config), "peers": peer_names, "patterns": [n for n, _ in pats]},
+        "settings": {
+            **asdict(config),
+            "peers": peer_names,
+            "patterns": [n for n, _ in pats],
+            "per_sample": per_sample,
+            "min_sample_ms": min_sample_ms,
+        },
         "flop_formula": FLOP_FORMULA,
         "ratio_definition": RATIO_DEFINITION,
+        "timing_method": TIMING_METHOD,
         "check_rule": CHECK_RULE,
         "results": results,
         "skipped": skipped,
@@ -494,8 +555,9 @@ class _OutputCheck:
         if self.ref is None and not self.ref_missing:
             from splat._peers import PEERS
 
-            try:  # splat was not asked for: compute its forward for the check alone
-                self._set_reference(_forward_output(PEERS["splat"].prepare(self.make_problem("fwd")), "fwd"))
+            try:  # splat was not asked for: compute its forward for the check alone (untimed: no chain)
+                prepared = PEERS["splat"].prepare(self.make_problem("fwd", per_sample=1))
+                self._set_reference(_forward_output(prepared, "fwd"))
             except Exception as e:
                 self.no_reference(f"splat failed: {_short(e)}")
         return self.ref
@@ -640,7 +702,7 @@ def _fmt_bytes(n) -> str:
 
 def format_table(result: dict) -> str:
     """The results as a text table (plus skips, memory and build sections when present)."""
-    lines = [FLOP_FORMULA, RATIO_DEFINITION, ""]
+    lines = [FLOP_FORMULA, RATIO_DEFINITION, TIMING_METHOD, ""]
     hdr = (
         f"{'pattern':24s} {'S':>7s} {'mode':6s} {'impl':13s} {'ms':>10s} {'TFLOP/s':>9s} {'x splat':>8s} "
         f"{'temp MiB':>9s} {'check':>5s}  note"

@@ -3,6 +3,9 @@
 Each peer turns a :class:`Problem` into a :class:`Prepared` run: a zero-argument
 callable that computes the attention (forward, or forward + backward) and waits
 for the device, plus XLA's temp-memory figure where the peer is a JAX program.
+For timing, a JAX peer also compiles ``Problem.per_sample`` calls chained into one
+executable (:func:`chain`), so no host dispatch falls between them, as attention
+inside a jitted training step; torch peers launch their calls one by one.
 Peers import their libraries lazily; one that cannot run here raises
 :class:`PeerUnavailable` with the reason, which the benchmark prints.
 ``Prepared.outputs()`` returns what a run computes, so the benchmark can check
@@ -29,7 +32,7 @@ torch_sdpa      CUDA      dense torch SDPA (flash/efficient) with no mask at all
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -41,6 +44,8 @@ __all__ = [
     "Prepared",
     "Problem",
     "band_of",
+    "chain",
+    "compile_timed",
     "mask_expression",
 ]
 
@@ -64,6 +69,8 @@ class Problem:
       dtype: "float32", "bfloat16" or "float16".
       mode: "fwd" or "fwdbwd".
       backend: splat's backend ("auto", "jax", "triton").
+      per_sample: the fewest calls a timing sample makes; a JAX peer compiles that
+        many chained calls into the one executable its ``launch()`` runs.
     """
 
     q: np.ndarray
@@ -75,6 +82,7 @@ class Problem:
     dtype: str
     mode: str
     backend: str = "auto"
+    per_sample: int = 1
     _dense: list = field(default_factory=list, repr=False)
 
     @property
@@ -106,11 +114,13 @@ class Prepared:
     temp_bytes: int | None = None
     note: str = ""
     outputs: Callable[[], object] | None = None
-    # enqueue one run without waiting, and wait for everything enqueued: timing takes
-    # several launches per sample so host dispatch and sync latency are not charged to
-    # each run (what CUDA-event timers measure); every peer gets the same treatment
+    # enqueue calls without waiting, and wait for everything enqueued: a timing sample
+    # is launches back to back and one sync, so sync latency is not charged to each
+    # call. A JAX peer's launch() runs Problem.per_sample calls chained in one executable
+    # (calls_per_launch: no host dispatch between them); a torch peer's makes one call
     launch: Callable[[], None] | None = None
     sync: Callable[[], None] | None = None
+    calls_per_launch: int = 1
 
 
 @dataclass(frozen=True)
@@ -149,8 +159,105 @@ def _jax_dtype(name: str):
     return {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}[name]
 
 
-def _compile_jax(attn: Callable, problem: Problem, extra_args: tuple = ()) -> Prepared:
-    """jit + lower + compile ``attn(q, k, v, *extra_args)`` (with its VJP in fwdbwd mode)."""
+def chain(fn: Callable, n: int, feed: Mapping[int, int]) -> Callable:
+    """``fn`` called ``n`` times back to back in one program, none merged, hoisted or dropped.
+
+    For timing a call without per-call host dispatch: ``jax.jit(chain(fn, n, feed))``
+    is one executable that makes ``n`` calls of ``fn``, each on inputs XLA must
+    treat as new values that exist only once the previous call is done:
+
+    * ``feed`` maps an argument index to the index of an output leaf
+      (``jax.tree.leaves`` order) that replaces it in the next call: attention's
+      ``out`` becomes the next ``q``, as in stacked layers. A true data
+      dependency, which every backend keeps (XLA:CPU removes optimization
+      barriers before its last CSE pass, and would merge calls on barriers alone).
+    * All arguments and the previous outputs pass together through one
+      ``jax.lax.optimization_barrier``, so work on the arguments that are not fed
+      (``k``, ``v``) is redone per call, not hoisted or shared (XLA:GPU keeps
+      barriers until after scheduling).
+    * One element of each output leaf that is not fed is summed into a returned
+      scalar: XLA prunes barrier outputs nobody reads, and with them the calls
+      that made them. Those leaves stay alive to the end (memory, not time).
+
+    The chain is unrolled in Python: a ``lax.fori_loop`` is an XLA while loop,
+    whose condition XLA:GPU reads back on the host every iteration.
+
+    Args:
+      fn: ``fn(*args) -> pytree of arrays``.
+      n: calls, at least 1.
+      feed: ``{argument index: output leaf index}``; shapes and dtypes must match.
+
+    Returns:
+      ``chained(*args) -> (last call's output, float32 scalar)``.
+
+    Example::
+
+        chained = jax.jit(chain(lambda x: jnp.tanh(x @ x), 3, {0: 0}))
+        out, _ = chained(jnp.eye(4))  # tanh applied 3 times, one dispatch
+    """
+    import jax
+    import jax.numpy as jnp
+
+    if n < 1:
+        raise ValueError(f"chain needs n >= 1 calls, got {n}")
+    fed = set(feed.values())
+
+    def chained(*args):
+        out = fn(*args)
+        kept = []  # one element of each output leaf not fed forward
+        for _ in range(n - 1):
+            args, out = jax.lax.optimization_barrier((list(args), out))
+            leaves = jax.tree.leaves(out)
+            for a, o in feed.items():
+                if (args[a].shape, args[a].dtype) != (leaves[o].shape, leaves[o].dtype):
+                    raise ValueError(
+                        f"feed {{{a}: {o}}}: output leaf {o} is {leaves[o].dtype}{list(leaves[o].shape)}, "
+                        f"argument {a} is {args[a].dtype}{list(args[a].shape)}"
+                    )
+                args[a] = leaves[o]
+            kept += [x.reshape(-1)[:1].astype(jnp.float32) for i, x in enumerate(leaves) if i not in fed]
+            out = fn(*args)
+        return out, jnp.concatenate(kept).sum() if kept else jnp.zeros((), jnp.float32)
+
+    return chained
+
+
+def compile_timed(
+    fn: Callable, args: tuple, n: int, feed: Mapping[int, int]
+) -> tuple[Callable, Callable[[], None], Callable[[], None]]:
+    """``fn`` compiled for ``args``, and a launcher that times ``n`` calls in one executable.
+
+    Returns ``(compiled, launch, sync)``: ``compiled(*args)`` makes one call (what
+    the benchmark checks and reads memory figures from); ``launch()`` enqueues one
+    run of ``chain(fn, n, feed)`` (:func:`chain`; ``compiled`` itself when ``n`` is
+    1) and ``sync()`` waits for it. Each executable runs once here, so runtime
+    failures (out of memory, ...) surface before any timing.
+    """
+    import jax
+
+    compiled = jax.jit(fn).lower(*args).compile()
+    jax.block_until_ready(compiled(*args))
+    timed = compiled if n == 1 else jax.jit(chain(fn, n, feed)).lower(*args).compile()
+    pending = []
+
+    def launch():
+        pending[:] = [timed(*args)]
+
+    def sync():
+        jax.block_until_ready(pending)
+
+    if n > 1:
+        launch()
+        sync()
+    return compiled, launch, sync
+
+
+def _jax_program(attn: Callable, problem: Problem, extra_args: tuple = ()) -> tuple[Callable, tuple, dict]:
+    """``(fn, args, feed)``: ``attn(q, k, v, *extra_args)`` (with its VJP in fwdbwd mode) on the inputs.
+
+    ``feed`` (see :func:`chain`) chains calls as stacked layers would: ``out`` is
+    the next call's ``q``, and in fwdbwd mode ``dq`` its output cotangent ``do``.
+    """
     import jax
     import jax.numpy as jnp
 
@@ -158,15 +265,25 @@ def _compile_jax(attn: Callable, problem: Problem, extra_args: tuple = ()) -> Pr
     q, k, v, do = (jnp.asarray(a, dt) for a in (problem.q, problem.k, problem.v, problem.do))
     extra = tuple(jnp.asarray(a) for a in extra_args)
     if problem.mode == "fwd":
-        fn, args = attn, (q, k, v, *extra)
-    else:
+        return attn, (q, k, v, *extra), {0: 0}
 
-        def fn(q, k, v, do, *extra):
-            out, vjp = jax.vjp(lambda q, k, v: attn(q, k, v, *extra), q, k, v)
-            return out, vjp(do)
+    def fn(q, k, v, do, *extra):
+        out, vjp = jax.vjp(lambda q, k, v: attn(q, k, v, *extra), q, k, v)
+        return out, vjp(do)
 
-        args = (q, k, v, do, *extra)
-    compiled = jax.jit(fn).lower(*args).compile()
+    return fn, (q, k, v, do, *extra), {0: 0, 3: 1}  # leaves: out, dq, dk, dv
+
+
+def _compile_jax(attn: Callable, problem: Problem, extra_args: tuple = ()) -> Prepared:
+    """jit + lower + compile ``attn(q, k, v, *extra_args)`` (with its VJP in fwdbwd mode).
+
+    ``run()``/``outputs()`` make one call; ``launch()`` makes ``problem.per_sample``
+    chained calls in one executable (:func:`compile_timed`).
+    """
+    import jax
+
+    fn, args, feed = _jax_program(attn, problem, extra_args)
+    compiled, launch, sync = compile_timed(fn, args, problem.per_sample, feed)
     mem = compiled.memory_analysis()
     temp = None if mem is None else int(mem.temp_size_in_bytes)
 
@@ -176,16 +293,7 @@ def _compile_jax(attn: Callable, problem: Problem, extra_args: tuple = ()) -> Pr
     def run():
         outputs()
 
-    pending = []
-
-    def launch():
-        pending[:] = [compiled(*args)]
-
-    def sync():
-        jax.block_until_ready(pending)
-
-    run()  # the first run surfaces runtime failures (out of memory, ...) before any timing
-    return Prepared(run, temp, outputs=outputs, launch=launch, sync=sync)
+    return Prepared(run, temp, outputs=outputs, launch=launch, sync=sync, calls_per_launch=problem.per_sample)
 
 
 def band_of(layout) -> tuple[int, int] | None:
@@ -284,18 +392,20 @@ def _prep_splat_unfused(problem: Problem) -> Prepared:
     return _compile_jax(attn, problem)
 
 
-def _prep_dense_xla(problem: Problem) -> Prepared:
+def _dense_attention(q, k, v, mask):
+    """Masked softmax attention through the full ``[B, H, S, S]`` scores; fully masked rows give 0."""
     import jax
     import jax.numpy as jnp
 
-    def attn(q, k, v, mask):
-        scale = q.shape[-1] ** -0.5
-        s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * scale
-        s = jnp.where(mask, s, jnp.finfo(jnp.float32).min)
-        p = jnp.where(mask, jax.nn.softmax(s, axis=-1), 0.0)  # fully masked rows -> 0
-        return jnp.einsum("bhqk,bkhd->bqhd", p.astype(v.dtype), v)
+    scale = q.shape[-1] ** -0.5
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * scale
+    s = jnp.where(mask, s, jnp.finfo(jnp.float32).min)
+    p = jnp.where(mask, jax.nn.softmax(s, axis=-1), 0.0)  # fully masked rows -> 0
+    return jnp.einsum("bhqk,bkhd->bqhd", p.astype(v.dtype), v)
 
-    return _compile_jax(attn, problem, (problem.dense_mask(),))
+
+def _prep_dense_xla(problem: Problem) -> Prepared:
+    return _compile_jax(_dense_attention, problem, (problem.dense_mask(),))
 
 
 def _prep_cudnn(problem: Problem) -> Prepared:

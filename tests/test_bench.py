@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+import time
 
 import jax
 import numpy as np
@@ -233,13 +235,17 @@ def test_bench_json_fields(bench_result, tmp_path):
     s = r["settings"]
     assert (s["heads"], s["head_dim"], s["batch"], s["lengths"], s["mode"]) == (2, 16, 1, [64], "both")
     assert s["patterns"] == ["window", "dilated"]
-    assert r["flop_formula"] == _bench.FLOP_FORMULA
+    assert r["flop_formula"] == _bench.FLOP_FORMULA and r["timing_method"] == _bench.TIMING_METHOD
+    assert s["per_sample"] == (10 if jax.default_backend() == "gpu" else 1)
     dense = [x for x in r["results"] if x["impl"] == "dense_xla"]
     assert {(x["pattern"], x["mode"]) for x in dense} == {
         (p, m) for p in ("window", "dilated") for m in ("fwd", "fwdbwd")
     }
     for x in r["results"]:
         assert x["ms"] > 0 and len(x["samples_ms"]) == 2
+        assert x["per_sample"] >= s["per_sample"] and x["timing"]  # more where min_sample_ms asks
+        if x["impl"] != "flex" and s["per_sample"] > 1:  # JAX peers chain their calls
+            assert x["calls_per_launch"] == s["per_sample"] and "chained" in x["timing"]
         want_nnz = int(
             np.broadcast_to(TINY[x["pattern"]](np.arange(64)[:, None], np.arange(64)[None]), (64, 64)).sum()
         )
@@ -369,8 +375,109 @@ def test_time_call_batches_launches_and_syncs_once_per_sample():
         sync=lambda: events.append("sync"),
         per_sample=4,
     )
-    assert events == ["run"] + (["launch"] * 4 + ["sync"]) * 3
-    assert t["per_sample"] == 4 and len(t["samples_ms"]) == 3
+    assert events == (["launch"] * 4 + ["sync"]) * 4  # warmup samples are taken the same way
+    assert t["per_sample"] == 4 and t["calls_per_launch"] == 1 and len(t["samples_ms"]) == 3
+    assert t["timing"] == "4 launches, one sync"
+
+
+def test_time_call_divides_by_the_calls_each_launch_makes():
+    events = []
+    t = _bench.time_call(
+        None,
+        warmup=0,
+        repeats=2,
+        launch=lambda: (events.append("launch"), time.sleep(0.01)),
+        sync=lambda: events.append("sync"),
+        per_sample=6,
+        calls_per_launch=3,
+    )
+    assert events == ["launch", "launch", "sync"] * 2  # 6 calls a sample: 2 launches of 3
+    assert 0.02 / 6 * 1e3 <= t["ms_min"] < 0.02 / 6 * 1e3 * 3  # 20 ms per sample, over 6 calls
+    assert t["timing"] == "2 x 3 calls chained in one executable, one sync"
+    with pytest.raises(ValueError, match="multiple"):
+        _bench.time_call(None, 0, 1, launch=lambda: None, sync=lambda: None, per_sample=4, calls_per_launch=3)
+
+
+def test_time_call_adds_launches_until_a_sample_lasts_min_sample_ms():
+    launches = []
+    t = _bench.time_call(
+        None,
+        warmup=1,
+        repeats=2,
+        launch=lambda: (launches.append(1), time.sleep(0.002)),
+        sync=lambda: None,
+        per_sample=4,
+        calls_per_launch=2,
+        min_sample_ms=20,
+    )
+    per_launch = t["per_sample"] // 2
+    assert 6 <= per_launch <= 10  # 2 ms launches: about 10 to reach 20 ms, never fewer than asked
+    assert len(launches) == 2 + 2 + 2 * per_launch  # warmup and probe with 2 launches, then the samples
+    assert t["timing"] == f"{per_launch} x 2 calls chained in one executable, one sync"
+    assert 0.002 / 2 * 1e3 <= t["ms_min"] < 0.002 / 2 * 1e3 * 3  # ms per call, 2 calls a launch
+
+
+# --- timing chains: n calls in one executable, none merged by XLA ----------------------------------
+
+
+def _dots(fn, args) -> list[str]:
+    """Result shapes of the dot ops in the optimised HLO of ``jax.jit(fn)`` for ``args``."""
+    txt = jax.jit(fn).lower(*args).compile().as_text()
+    return re.findall(r"= (\S+) dot\(", txt)
+
+
+@pytest.mark.parametrize("mode", ["fwd", "fwdbwd"])
+@pytest.mark.parametrize("peer", ["dense_xla", "splat"])
+def test_chain_keeps_every_call_in_the_compiled_hlo(peer, mode):
+    """XLA (here the CPU's, which drops optimization barriers before CSE) keeps all n calls."""
+    p = _problem(catalogue.SMALL["global_window"], mode=mode)
+    if peer == "dense_xla":
+        fn, args, feed = _peers._jax_program(_peers._dense_attention, p, (p.dense_mask(),))
+    else:
+        if not hasattr(splat, "attention"):
+            pytest.skip("splat.attention has not landed yet")
+        attn = lambda q, k, v: splat.attention(q, k, v, mask=p.mask, backend="jax")  # noqa: E731
+        fn, args, feed = _peers._jax_program(attn, p)
+    one = _dots(fn, args)
+    assert one, "no dot ops to count"
+    for n in (2, 4):
+        many = _dots(_peers.chain(fn, n, feed), args)
+        # n times every dot at full size: none merged (CSE), dropped (DCE) or shrunk to the slice kept
+        assert sorted(many) == sorted(one * n), (n, one, many)
+    # without the chain's dependencies XLA merges the calls: the count above can fail
+    naive = lambda *a: [fn(*a) for _ in range(4)][-1]  # noqa: E731
+    assert len(_dots(naive, args)) == len(one)
+
+
+def test_chain_example_and_feed_check():
+    import jax.numpy as jnp
+
+    chained = jax.jit(_peers.chain(lambda x: jnp.tanh(x @ x), 3, {0: 0}))
+    out, _ = chained(jnp.eye(4) * 0.5)
+    want = np.eye(4) * 0.5
+    for _ in range(3):
+        want = np.tanh(want @ want)
+    np.testing.assert_allclose(out, want, rtol=1e-6)
+    with pytest.raises(ValueError, match="feed"):
+        jax.jit(_peers.chain(lambda x: x.sum(0), 2, {0: 0}))(jnp.ones((3, 4)))
+    with pytest.raises(ValueError, match="n >= 1"):
+        _peers.chain(lambda x: x, 0, {})
+
+
+@pytest.mark.parametrize("mode", ["fwd", "fwdbwd"])
+def test_jax_peer_launch_makes_per_sample_calls_and_outputs_one(mode):
+    p = dataclasses.replace(_problem(catalogue.SMALL["sliding_window"], mode=mode), per_sample=3)
+    prepared = PEERS["dense_xla"].prepare(p)
+    assert prepared.calls_per_launch == 3
+    prepared.launch()
+    prepared.sync()
+    out, grads = _reference(p)  # outputs() is still one call on the problem's inputs
+    got = prepared.outputs()
+    _close(got if mode == "fwd" else got[0], out)
+    t = _bench.time_call(
+        prepared.run, 1, 2, launch=prepared.launch, sync=prepared.sync, per_sample=3, calls_per_launch=3
+    )
+    assert t["ms"] > 0 and t["per_sample"] == 3 and t["timing"].startswith("1 x 3 calls chained")
 
 
 # --- every peer's output is checked against splat's ------------------------------------------------
@@ -561,6 +668,7 @@ def test_unfused_bw_tiny(tmp_path, capsys):
     mod.main([*argv, "--out", str(out)])
     r = json.loads(out.read_text())
     assert r["schema"] == mod.SCHEMA and r["environment"]["device"] == jax.devices()[0].device_kind
+    assert r["timing_method"] == _bench.TIMING_METHOD and r["per_sample"] >= 1
     assert r["copy"]["gbps"] > 0 and r["copy"]["bytes"] == 2 * 2**20
     assert r["matmul"]["tflops"] > 0 and r["matmul"]["flops"] == 2 * 64**3
     assert r["backend"] == ("triton" if jax.default_backend() == "gpu" else "jax")
@@ -580,6 +688,7 @@ def test_unfused_bw_tiny(tmp_path, capsys):
     )
     for x in r["rows"]:
         assert x["ms"] > 0 and len(x["samples_ms"]) == 2
+        assert x["calls_per_launch"] == r["per_sample"] and x["per_sample"] % r["per_sample"] == 0
         assert x["gbps"] == pytest.approx(x["bytes"] / (x["ms"] * 1e-3) / 1e9)
         assert x["frac_copy_bw"] == pytest.approx(x["gbps"] / r["copy"]["gbps"])
         assert x["frac_matmul"] == pytest.approx(x["tflops"] / r["matmul"]["tflops"])
