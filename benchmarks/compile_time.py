@@ -24,9 +24,11 @@ same process: an equal mask built again, and at ``--small-seq`` the same mask
 given as a dense array (``masks.from_array``); both should render and compile
 nothing new.
 
-On CUDA the script also times ptxas on each cached PTX: jaxlib assembles PTX to
-a cubin at a kernel's first launch in every process (in-memory cache only), a
-cost no splat cache removes. On CPU the backend is pure JAX and "compile" is
+On CUDA the script also times ptxas on each cached PTX: what jaxlib would spend
+assembling PTX to a cubin at each kernel's first launch in every process (its
+cache is in memory only) when splat does not hand it the cubin (jaxlib without
+``TritonKernel.module_image``, see ``jax_bindings._triton``); the ``images``
+counters say whether it did. On CPU the backend is pure JAX and "compile" is
 XLA only (tests run it tiny).
 
 Usage (GPU machine, from the project root, after the usual install prefix)::
@@ -376,7 +378,7 @@ def _summary(report: dict) -> str:
     if report.get("ptxas"):
         tot = sum(p["ptxas_s"] for p in report["ptxas"])
         ks = ", ".join(f"{p['kernel']} {p['ptxas_s']:.2f}s" for p in report["ptxas"])
-        lines.append(f"ptxas per process (jaxlib, not cached): {tot:.2f}s total: {ks}")
+        lines.append(f"ptxas per process if jaxlib assembled the PTX itself: {tot:.2f}s total: {ks}")
     lines.append(
         "targets: " + ", ".join(f"{k} {'OK' if v else 'MISSED'}" for k, v in report["targets"].items())
     )
