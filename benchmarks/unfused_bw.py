@@ -97,8 +97,12 @@ def op_flops(op: str, *, b: int, h: int, d: int, nnz: int) -> int:
     return 0 if op == "softmax" else 2 * b * h * nnz * d
 
 
-def _time(fn, args, warmup: int, repeats: int, per_sample: int, feed: dict) -> tuple[object, dict]:
+def _time(
+    fn, args, warmup: int, repeats: int, sampling: tuple[int, float], feed: dict
+) -> tuple[object, dict]:
     """``(fn(*args), timing)``: a launch runs ``per_sample`` chained calls in one executable.
+
+    ``sampling``: ``(per_sample, min_sample_ms)`` (``splat._bench.sampling``).
 
     ``feed`` (``splat._peers.chain``): ``{argument index: output leaf}`` that the
     output replaces in the next call of the chain.
@@ -108,6 +112,7 @@ def _time(fn, args, warmup: int, repeats: int, per_sample: int, feed: dict) -> t
     from splat._bench import time_call
     from splat._peers import compile_timed
 
+    per_sample, min_sample_ms = sampling
     compiled, launch, sync = compile_timed(fn, args, per_sample, feed)
     out = jax.block_until_ready(compiled(*args))
     t = time_call(
@@ -118,24 +123,24 @@ def _time(fn, args, warmup: int, repeats: int, per_sample: int, feed: dict) -> t
         sync=sync,
         per_sample=per_sample,
         calls_per_launch=per_sample,
-        min_sample_ms=20.0 if per_sample > 1 else 0.0,
+        min_sample_ms=min_sample_ms,
     )
     return out, t
 
 
-def measure_copy(mib: int, warmup: int, repeats: int, per_sample: int) -> dict:
+def measure_copy(mib: int, warmup: int, repeats: int, sampling: tuple[int, float]) -> dict:
     """Device copy bandwidth: ``x + 1`` over ``mib`` MiB of float32 (read + write)."""
     import jax.numpy as jnp
 
     n = mib * 2**20 // 4
     x = jnp.arange(n, dtype=jnp.float32)
-    _, t = _time(lambda x: x + 1, (x,), warmup, repeats, per_sample, feed={0: 0})
+    _, t = _time(lambda x: x + 1, (x,), warmup, repeats, sampling, feed={0: 0})
     nbytes = 2 * n * 4
     gbps = nbytes / (t["ms"] * 1e-3) / 1e9
     return {"method": "x + 1, float32", "bytes": nbytes, "ms": t["ms"], "gbps": gbps}
 
 
-def measure_matmul(n: int, dtype, warmup: int, repeats: int, per_sample: int) -> dict:
+def measure_matmul(n: int, dtype, warmup: int, repeats: int, sampling: tuple[int, float]) -> dict:
     """Matrix rate: an ``n x n @ n x n`` matmul in ``dtype``."""
     import jax
     import jax.numpy as jnp
@@ -143,7 +148,7 @@ def measure_matmul(n: int, dtype, warmup: int, repeats: int, per_sample: int) ->
     ka, kb = jax.random.split(jax.random.key(1))
     a = jax.random.normal(ka, (n, n), jnp.float32).astype(dtype)
     b = jax.random.normal(kb, (n, n), jnp.float32).astype(dtype)
-    _, t = _time(lambda a, b: a @ b, (a, b), warmup, repeats, per_sample, feed={0: 0})
+    _, t = _time(lambda a, b: a @ b, (a, b), warmup, repeats, sampling, feed={0: 0})
     flops = 2 * n**3
     return {
         "n": n,
@@ -228,7 +233,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     if jax.default_backend() != "gpu":
         print("warning: no GPU visible to JAX; measuring the CPU instead", file=sys.stderr)
-    per_sample = 10 if jax.default_backend() == "gpu" else 1
+    sampling = _bench.sampling()
+    per_sample = sampling[0]
     env = _bench.environment()
     dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}[args.dtype]
     e = jnp.dtype(dtype).itemsize
@@ -237,9 +243,9 @@ def main(argv: list[str] | None = None) -> dict:
         device = re.sub(r"[^A-Za-z0-9]+", "-", env["device"]).strip("-").lower()
         out = os.path.join(HERE, "results", f"unfused-bw-{device}-{dt.date.today().isoformat()}.json")
 
-    copy = measure_copy(args.copy_mib, args.warmup, args.repeats, per_sample)
+    copy = measure_copy(args.copy_mib, args.warmup, args.repeats, sampling)
     print(f"copy bandwidth {copy['gbps']:.1f} GB/s ({args.copy_mib} MiB)", flush=True)
-    mm = measure_matmul(args.matmul_n, dtype, args.warmup, args.repeats, per_sample)
+    mm = measure_matmul(args.matmul_n, dtype, args.warmup, args.repeats, sampling)
     print(f"matmul {mm['tflops']:.2f} TFLOP/s ({args.matmul_n}^3 {args.dtype})", flush=True)
 
     result = {
@@ -296,7 +302,7 @@ def main(argv: list[str] | None = None) -> dict:
                 try:
                     with warnings.catch_warnings(record=True) as caught:
                         warnings.simplefilter("always")
-                        y, t = _time(fns[op], args_, args.warmup, args.repeats, per_sample, feeds[op])
+                        y, t = _time(fns[op], args_, args.warmup, args.repeats, sampling, feeds[op])
                 except Exception as err:  # out of memory, a kernel that fails: record, go on
                     msg = str(err).strip().splitlines()
                     reason = f"{type(err).__name__}: {msg[0][:200] if msg else ''}"

@@ -136,8 +136,11 @@ def _jaxlib_takes_module_images() -> bool:
     return False
 
 
+@functools.cache
 def _assembler(compute_capability: int):
-    """``(assemble(ptx) -> cubin, arch, salt)`` with Triton's ptxas, as Triton builds its own cubins."""
+    """``(assemble(ptx) -> cubin, arch, salt)`` with Triton's ptxas, as Triton builds its own cubins.
+
+    Cached: the salt asks ptxas its version (a subprocess), once per process, not per lowering."""
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import CUDABackend
 

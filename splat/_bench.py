@@ -53,6 +53,7 @@ __all__ = [
     "BenchConfig",
     "FLOP_FORMULA",
     "TIMING_METHOD",
+    "sampling",
     "build_section",
     "compare_outputs",
     "environment",
@@ -101,6 +102,12 @@ def _on_gpu() -> bool:
     import jax
 
     return jax.default_backend() == "gpu"
+
+
+def sampling() -> tuple[int, float]:
+    """``(per_sample, min_sample_ms)`` for :func:`time_call` here: on a GPU at least 10
+    calls (a JAX launch chains 10) and 20 ms per sample; on a CPU one call (TIMING_METHOD)."""
+    return (10, 20.0) if _on_gpu() else (1, 0.0)
 
 
 @dataclass(frozen=True)
@@ -370,7 +377,7 @@ def run_bench(
         peer_names.insert(0, "splat")
     log(f"splat bench on {env['device']} ({env['platform']}); {FLOP_FORMULA}; {RATIO_DEFINITION}")
     # calls one JAX launch chains, and the least time a sample lasts (TIMING_METHOD)
-    per_sample, min_sample_ms = (10, 20.0) if _on_gpu() else (1, 0.0)
+    per_sample, min_sample_ms = sampling()
 
     results, skipped, memory, disagreements = [], [], [], []
     told = set()
