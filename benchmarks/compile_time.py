@@ -27,7 +27,7 @@ nothing new.
 On CUDA the script also times ptxas on each cached PTX: what jaxlib would spend
 assembling PTX to a cubin at each kernel's first launch in every process (its
 cache is in memory only) when splat does not hand it the cubin (jaxlib without
-``TritonKernel.module_image``, see ``jax_bindings._triton``); the ``images``
+``TritonKernel.module_image``, see ``jax_bindings._triton.backend``); the ``images``
 counters say whether it did. On CPU the backend is pure JAX and "compile" is
 XLA only (tests run it tiny).
 
@@ -107,7 +107,7 @@ class _Clock:
             self.counts["jax_cache_misses"] += 1
 
     def snapshot(self) -> dict:
-        from splat._codegen import _cache
+        from jax_bindings._triton import cache as _cache
 
         return {**self.totals, **self.counts, **_cache.stats()}
 
@@ -158,7 +158,7 @@ def _child(a: argparse.Namespace) -> dict:
         "jax_cache": bool(a.jax_cache),
     }
     if backend == "triton":
-        from jax_bindings import _triton
+        from jax_bindings._triton import backend as _triton
 
         rec["compile_cache_installed"] = _triton.COMPILE_CACHE_INSTALLED
 

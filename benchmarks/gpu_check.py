@@ -107,8 +107,8 @@ def bench(sizes, do_bwd: bool, out: dict, fwd_tiles, jax_path: bool, sweep: bool
     import triton
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    from splat import _codegen as cg
-    from splat._codegen._launch import run_torch
+    from jax_bindings._triton import ops as cg
+    from jax_bindings._triton.launch import run_torch
 
     torch._dynamo.config.cache_size_limit = 256
     if hasattr(torch._dynamo.config, "recompile_limit"):
@@ -289,10 +289,10 @@ def jax_timing(S: int = 16384) -> dict:
         import triton
 
         from jax_bindings import _dispatch as disp
-        from jax_bindings import _triton as jt
-        from splat import _codegen as cg
+        from jax_bindings._triton import backend as jt
+        from jax_bindings._triton import ops as cg
+        from jax_bindings._triton.launch import run_torch
         from splat import masks
-        from splat._codegen._launch import run_torch
 
         layout = masks.sliding_window(256, 256).to_acsr(S, S)
         flops = 4 * B * H * layout.nnz * D
@@ -367,9 +367,9 @@ def tune(out: dict, S: int = 16384) -> None:
     import torch
     import triton
 
-    from splat import _codegen as cg
-    from splat._codegen import _spec
-    from splat._codegen._launch import run_torch
+    from jax_bindings._triton import ops as cg
+    from jax_bindings._triton import spec as _spec
+    from jax_bindings._triton.launch import run_torch
 
     bt = lambda f: triton.testing.do_bench(f, warmup=25, rep=100, return_mode="median")
     g = torch.Generator(device="cuda").manual_seed(1)

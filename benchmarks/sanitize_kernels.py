@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from splat import _codegen as cg
-from splat._codegen._launch import run_torch
+from jax_bindings._triton import ops as cg
+from jax_bindings._triton.launch import run_torch
 from tests.test_triton_kernels import CASES, _inputs, _layout
 
 

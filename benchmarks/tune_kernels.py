@@ -15,7 +15,7 @@ the same shapes, no mask, as the per-tile ceiling.
 
     python3 benchmarks/tune_kernels.py [--seq-len 16384] [--out $OUT/tune.json] [--quick]
 
-Patches that win move into ``splat/_codegen/_render.py``; this file keeps the
+Patches that win move into ``jax_bindings/_triton/render.py``; this file keeps the
 experiment reproducible.
 """
 
@@ -120,7 +120,7 @@ PATCHES = {
     "dkdv_dotacc": p_dkdv_dotacc,
 }
 
-# (name, patches, tiles); tiles = (block_m, block_n, warps, stages, loop), see splat._codegen.Tiles.
+# (name, patches, tiles); tiles = (block_m, block_n, warps, stages, loop), see jax_bindings._triton.spec.Tiles.
 # The first session's table (NOTES.md) also tried a warp-specialised full-tile loop
 # (`tl.range(..., warp_specialize=True)`: no gain, fails to compile at 64x64) and the
 # patches above (dotacc, vlate: within 1%); the run-time edge test ("rt") became loop="fused".
@@ -184,7 +184,7 @@ _TMP = tempfile.mkdtemp(prefix="splat-tune-")
 
 def load_patched(spec, patches: tuple[str, ...]):
     """The kernel of ``spec``'s generated source with ``patches`` applied (imported from a temp file)."""
-    from splat._codegen._render import render
+    from jax_bindings._triton.render import render
 
     src = render(spec)
     for p in patches:
@@ -212,9 +212,9 @@ def main(argv=None) -> dict:
     import torch
     import triton
 
-    from splat import _codegen as cg
+    from jax_bindings._triton import ops as cg
     from splat._bench import environment
-    from splat._codegen._launch import run_torch
+    from jax_bindings._triton.launch import run_torch
 
     S = a.seq_len
     bt = lambda f: triton.testing.do_bench(f, warmup=25, rep=100, return_mode="median")

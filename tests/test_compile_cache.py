@@ -1,4 +1,4 @@
-"""The compiled-kernel disk cache (``splat._codegen._cache.CompileCache``), its install
+"""The compiled-kernel disk cache (``jax_bindings._triton.cache.CompileCache``), its install
 around jax-triton, and the first-call benchmark (``benchmarks/compile_time.py``, tiny, on CPU).
 
 jax-triton does not import on a CPU-only JAX, so the cache wraps fake compile
@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from splat import _codegen as cg
-from splat._codegen import _cache
+from jax_bindings._triton import cache as _cache
+from jax_bindings._triton.spec import plan as _plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -206,7 +206,7 @@ def test_rendered_counter_counts_new_modules_only(tmp_path, monkeypatch):
     monkeypatch.setenv("SPLAT_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(_cache, "_MODULES", {})  # as in a new process
     i, j = np.arange(40)[:, None], np.arange(40)[None, :]
-    plan = lambda: cg.plan(
+    plan = lambda: _plan(
         "softmax",
         acsr.from_dense(np.abs(i - j) <= 5),
         dtype="float32",
@@ -215,8 +215,8 @@ def test_rendered_counter_counts_new_modules_only(tmp_path, monkeypatch):
         num_kv_heads=2,
     )
     before = _cache.stats()["rendered"]
-    cg.load(plan().spec, interpret=True)
-    cg.load(plan().spec, interpret=True)  # an equal layout built again: same spec, same module
+    _cache.load(plan().spec, interpret=True)
+    _cache.load(plan().spec, interpret=True)  # an equal layout built again: same spec, same module
     assert _cache.stats()["rendered"] - before == 1
 
 
@@ -263,9 +263,9 @@ def _fake_jax_triton(monkeypatch, source=FAKE_TRITON_LIB):
 
 
 def _load_triton_backend(name="_splat_test_triton_backend"):
-    """A private copy of jax_bindings/_triton.py (the dispatcher's own import stays untouched)."""
+    """A private copy of jax_bindings/_triton/backend.py (the dispatcher's own import stays untouched)."""
     pytest.importorskip("triton")
-    spec = importlib.util.spec_from_file_location(name, ROOT / "jax_bindings" / "_triton.py")
+    spec = importlib.util.spec_from_file_location(name, ROOT / "jax_bindings" / "_triton" / "backend.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

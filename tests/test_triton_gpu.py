@@ -14,7 +14,7 @@ import acsr
 jax = pytest.importorskip("jax")
 if jax.default_backend() != "gpu":
     pytest.skip("needs a CUDA GPU (JAX default backend is not gpu)", allow_module_level=True)
-jt = pytest.importorskip("jax_bindings._triton")
+jt = pytest.importorskip("jax_bindings._triton.backend")
 
 import jax.numpy as jnp  # noqa: E402
 from test_triton_kernels import _mask, _ref_bwd, _ref_fwd, _values_ref  # noqa: E402
@@ -135,8 +135,8 @@ def test_kernels_carry_their_cubin_in_a_new_process(tmp_path):
 
     script = (
         "import json, numpy as np, jax, jax.numpy as jnp, acsr\n"
-        "from jax_bindings import _triton as jt\n"
-        "from splat._codegen import _cache\n"
+        "from jax_bindings._triton import backend as jt\n"
+        "from jax_bindings._triton import cache as _cache\n"
         "m = np.abs(np.arange(300)[:, None] - np.arange(300)[None, :]) <= 40\n"
         "layout = acsr.from_dense(m)\n"
         "q = jnp.asarray(np.random.default_rng(0).standard_normal((1, 300, 2, 64)), jnp.bfloat16)\n"

@@ -13,8 +13,9 @@ import pytest
 
 import acsr
 from acsr import ACSR, Segment
-from splat import _codegen as cg
-from splat._codegen._launch import run_numpy
+from jax_bindings._triton import ops
+from jax_bindings._triton.launch import run_numpy
+from jax_bindings._triton.spec import plan, transpose_slots, transposed
 
 TILES = (16, 16, 4, 1)
 
@@ -158,9 +159,9 @@ def _inputs(layout, seed, *, B=1, H=2, Hkv=1, D=16, dtype=np.float32):
 def _fused(layout, q, k, v, do, scale):
     dt = q.dtype.name
     out, lse = run_numpy(
-        cg.fwd_call(layout, q.shape, k.shape, dt, scale, tiles=TILES, interpret=True), q, k, v
+        ops.fwd_call(layout, q.shape, k.shape, dt, scale, tiles=TILES, interpret=True), q, k, v
     )
-    cq, ck = cg.bwd_calls(layout, q.shape, k.shape, dt, scale, tiles=(TILES, TILES), interpret=True)
+    cq, ck = ops.bwd_calls(layout, q.shape, k.shape, dt, scale, tiles=(TILES, TILES), interpret=True)
     dq, delta = run_numpy(cq, q, k, v, do, out, lse)
     want = np.einsum("bqhd,bqhd->bhq", do.astype(np.float64), out.astype(np.float64))
     assert np.allclose(delta, want, rtol=1e-4, atol=1e-4), "delta = rowsum(dout * out)"
@@ -228,7 +229,7 @@ def test_unfused_ops(name):
     layout = _layout(name)
     q, k, v, _ = _inputs(layout, seed=5, H=2, Hkv=1)
     want_s, cols = _values_ref(layout, q, k)
-    (s,) = run_numpy(cg.sddmm_call(layout, q.shape, k.shape, "float32", tiles=TILES, interpret=True), q, k)
+    (s,) = run_numpy(ops.sddmm_call(layout, q.shape, k.shape, "float32", tiles=TILES, interpret=True), q, k)
     _close(s, want_s, 1e-5, "sddmm")
 
     scale = 0.4
@@ -236,20 +237,20 @@ def test_unfused_ops(name):
     m = np.max(x, -1, keepdims=True)
     e = np.exp(x - np.where(np.isfinite(m), m, 0))
     want_p = e / np.maximum(e.sum(-1, keepdims=True), 1e-300)
-    (p,) = run_numpy(cg.softmax_call(layout, s.shape, "float32", scale, tiles=TILES, interpret=True), s)
+    (p,) = run_numpy(ops.softmax_call(layout, s.shape, "float32", scale, tiles=TILES, interpret=True), s)
     _close(p, want_p, 1e-5, "softmax")
 
     vv = np.repeat(v, 2, axis=2).astype(np.float64)
     gathered = vv[:, np.maximum(cols, 0)]  # [B, Sq, N, H, D]
     want_o = np.einsum("bhqn,bqnhd->bqhd", np.where(cols >= 0, p, 0.0), gathered)
-    (o,) = run_numpy(cg.spmm_call(layout, p.shape, v.shape, "float32", tiles=TILES, interpret=True), p, v)
+    (o,) = run_numpy(ops.spmm_call(layout, p.shape, v.shape, "float32", tiles=TILES, interpret=True), p, v)
     _close(o, want_o, 1e-5, "spmm")
 
 
 def test_transpose_slots_roundtrip():
     layout = _layout("global_window")
-    idx = cg.transpose_slots(layout)
-    lt = cg.transposed(layout)
+    idx = transpose_slots(layout)
+    lt = transposed(layout)
     vals = np.arange(layout.q_len * layout.nnz_max, dtype=np.float64)
     flat = np.concatenate([vals, [0.0]])
     got = flat[idx]
@@ -273,16 +274,16 @@ def test_fused_walk_variants(name, loop):
     layout = acsr.from_dense(_mask(name, sq, sq), block=(16, 16))
     mask = layout.to_dense()
     tiles = (*TILES, loop)
-    p = cg.plan("fwd", layout, dtype="float32", head_dim=16, num_heads=2, num_kv_heads=1, tiles=tiles)
+    p = plan("fwd", layout, dtype="float32", head_dim=16, num_heads=2, num_kv_heads=1, tiles=tiles)
     assert p.spec.loop == loop
     # global rows walk all 256 columns, window row blocks ~60: their row block goes first
     assert p.spec.ordered is (name == "global_window")
     q, k, v, do = _inputs(layout, seed=21)
     scale = 0.25
     out, lse = run_numpy(
-        cg.fwd_call(layout, q.shape, k.shape, "float32", scale, tiles=tiles, interpret=True), q, k, v
+        ops.fwd_call(layout, q.shape, k.shape, "float32", scale, tiles=tiles, interpret=True), q, k, v
     )
-    cq, ck = cg.bwd_calls(layout, q.shape, k.shape, "float32", scale, tiles=(tiles, tiles), interpret=True)
+    cq, ck = ops.bwd_calls(layout, q.shape, k.shape, "float32", scale, tiles=(tiles, tiles), interpret=True)
     dq, delta = run_numpy(cq, q, k, v, do, out, lse)
     dk, dv = run_numpy(ck, q, k, v, do, lse, delta)
     r_out, _, _ = _ref_fwd(q, k, v, mask, scale)

@@ -1,4 +1,4 @@
-"""Launchers: run a :class:`~splat._codegen._ops.Call` on numpy (Triton's interpreter) or torch.
+"""Launchers: run a :class:`~jax_bindings._triton.ops.Call` on numpy (Triton's interpreter) or torch.
 
 Triton's interpreter reads tensors through ``data_ptr()`` and a few torch
 storage methods; :class:`_HostArray` gives a numpy array exactly those, so
@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from splat._codegen._ops import Call
+from jax_bindings._triton.ops import Call
 
 
 class _Storage:

@@ -3,9 +3,9 @@
 Each ``*_call`` function returns a :class:`Call`: the kernel, its grid, its
 metadata operands (numpy int arrays, passed after the data operands), the
 output shapes/dtypes and the constexpr keyword arguments. The JAX binding
-(``jax_bindings._triton``) hands a Call to ``jax_triton.triton_call``; tests
-hand it to :func:`splat._codegen._launch.run_numpy` (Triton's interpreter);
-``benchmarks/gpu_check.py`` to :func:`splat._codegen._launch.run_torch`.
+(:mod:`jax_bindings._triton.backend`) hands a Call to ``jax_triton.triton_call``; tests
+hand it to :func:`jax_bindings._triton.launch.run_numpy` (Triton's interpreter);
+``benchmarks/gpu_check.py`` to :func:`jax_bindings._triton.launch.run_torch`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from acsr import ACSR
-from splat._codegen._cache import load
-from splat._codegen._spec import Plan, plan, transposed
+from jax_bindings._triton.cache import load
+from jax_bindings._triton.spec import Plan, plan, transposed
 
 
 @dataclass(frozen=True, eq=False)

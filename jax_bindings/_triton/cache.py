@@ -7,9 +7,9 @@
   builds it under ``TRITON_INTERPRET=1`` (Triton's CPU interpreter, for tests);
 * :class:`CompileCache` keeps what Triton compiled from those modules (PTX) in
   ``<folder>/triton/``, so a new process skips TTIR -> PTX (installed around
-  jax-triton by :mod:`jax_bindings._triton`; ``SPLAT_NO_DISK_CACHE=1`` turns it off);
+  jax-triton by :mod:`jax_bindings._triton.backend`; ``SPLAT_NO_DISK_CACHE=1`` turns it off);
 * :func:`module_image` keeps the cubin assembled from each PTX in ``<folder>/cubin/``
-  (handed to jaxlib by :mod:`jax_bindings._triton`, so it does not run ptxas again);
+  (handed to jaxlib by :mod:`jax_bindings._triton.backend`, so it does not run ptxas again);
 * :func:`stats` counts renders, compile requests, disk hits and compiles.
 """
 
@@ -31,8 +31,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from splat._codegen._render import render
-from splat._codegen._spec import KernelSpec
+from jax_bindings._triton.render import render
+from jax_bindings._triton.spec import KernelSpec
 
 _MODULES: dict[tuple[KernelSpec, bool], ModuleType] = {}
 _LOCK = threading.Lock()
@@ -74,11 +74,6 @@ def cache_dir() -> Path:
     """The folder generated kernels are written to."""
     d = os.environ.get("SPLAT_CACHE_DIR")
     return Path(d) if d else Path.home() / ".cache" / "splat" / "kernels"
-
-
-def source(spec: KernelSpec) -> str:
-    """The generated source text for ``spec`` (see :func:`splat._codegen._render.render`)."""
-    return render(spec)
 
 
 def load(spec: KernelSpec, *, interpret: bool = False) -> ModuleType:

@@ -2,7 +2,7 @@
 
 Implements the backend contract of :mod:`jax_bindings._dispatch` (which adds
 ``custom_vjp`` and ``custom_vmap``). Every function runs at trace time:
-it derives a :class:`splat._codegen.KernelSpec` from the static ``layout`` and
+it derives a :class:`~jax_bindings._triton.spec.KernelSpec` from the static ``layout`` and
 the shapes, loads the generated kernel (cached by spec) and binds it with
 ``jax_triton.triton_call``. Per-row metadata (arrays of segments without a
 closed form, the stride-phase row permutation, the residual's block lists)
@@ -11,7 +11,7 @@ goes in as extra operands, constants of the traced program.
 Importing this module needs ``triton`` and ``jax_triton`` and a CUDA JAX; it
 raises ImportError otherwise (the dispatcher then uses the ``"jax"`` backend).
 
-Importing it also puts :class:`splat._codegen._cache.CompileCache` around
+Importing it also puts :class:`~jax_bindings._triton.cache.CompileCache` around
 jax-triton's compile step (see :func:`_install_compile_cache`): compiled kernels
 (PTX) are kept in ``<splat cache dir>/triton/`` and a new process reuses them;
 and it hands jaxlib each kernel's cubin, kept in ``<splat cache dir>/cubin/``,
@@ -36,8 +36,9 @@ from jax.interpreters import mlir
 
 from acsr import ACSR
 from jax_bindings import _kernel_proto, _pure
-from splat import _codegen as cg
-from splat._codegen import _cache
+from jax_bindings._triton import cache as _cache
+from jax_bindings._triton import ops
+from jax_bindings._triton.spec import transpose_slots, transposed
 
 # jax_triton 0.3.x sets TRITON_CACHE_DIR="" at import, for the whole process: every later
 # Triton compile outside jax_triton (torch.compile / FlexAttention, Triton's own driver
@@ -63,7 +64,7 @@ _COMPILE_ARGS = ["ttir", "backend", "options", "compute_capability", "platform"]
 
 
 def _install_compile_cache() -> bool:
-    """Wraps ``jax_triton.triton_lib.compile_ttir_inplace`` in a :class:`~splat._codegen._cache.CompileCache`.
+    """Wraps ``jax_triton.triton_lib.compile_ttir_inplace`` in a :class:`~jax_bindings._triton.cache.CompileCache`.
 
     jax-triton 0.3.x compiles TTIR -> PTX in ``get_or_create_triton_kernel``,
     which calls the module-level ``compile_ttir_inplace(ttir, backend, options,
@@ -117,7 +118,7 @@ COMPILE_CACHE_INSTALLED = _install_compile_cache()
 # jaxlib assembles it (ptxas) at the first launch in every process and keeps the
 # cubin in memory only. jaxlib releases that know ``TritonKernel.module_image``
 # load a cubin given there instead. So splat assembles each of its kernels once with
-# Triton's own ptxas, keeps the cubin on disk (splat._codegen._cache.module_image)
+# Triton's own ptxas, keeps the cubin on disk (jax_bindings._triton.cache.module_image)
 # and attaches it in the lowering. Older jaxlibs would ignore the field; splat does
 # not attach it for them.
 
@@ -205,14 +206,14 @@ class UnsupportedError(NotImplementedError, ValueError):
     """This call (head dim, dtype, layout) has no Triton kernel; use backend="jax"."""
 
 
-def _supported(fn, *args, **kw) -> cg.Call:
+def _supported(fn, *args, **kw) -> ops.Call:
     try:
         return fn(*args, **kw)
     except (ValueError, TypeError) as e:
         raise UnsupportedError(str(e)) from e
 
 
-def _run(call: cg.Call, *data) -> list[jax.Array]:
+def _run(call: ops.Call, *data) -> list[jax.Array]:
     out_shape = [jax.ShapeDtypeStruct(s, jnp.dtype(d)) for s, d in call.out]
     outs = _jt.triton_call(
         *data,
@@ -241,7 +242,7 @@ def _group_sum(x: jax.Array, hkv: int, dtype) -> jax.Array:
 
 def _transpose_values(vals: jax.Array, layout: ACSR) -> jax.Array:
     """Values ``[B, H, Sq, N]`` of ``layout`` -> ``[B, H, Skv, N_T]`` of its transpose."""
-    idx = cg.transpose_slots(layout)
+    idx = transpose_slots(layout)
     B, H, Sq, N = vals.shape
     flat = jnp.concatenate([vals.reshape(B, H, Sq * N), jnp.zeros((B, H, 1), vals.dtype)], axis=2)
     idx_j = jnp.asarray(idx.reshape(-1).astype(np.int32 if idx.max(initial=0) < 2**31 else np.int64))
@@ -253,7 +254,7 @@ def _transpose_values(vals: jax.Array, layout: ACSR) -> jax.Array:
 
 def attention_fwd(q, k, v, layout: ACSR, scale: float):
     """``(out [B, Sq, H, D], lse [B, H, Sq] float32)`` from the fused forward kernel."""
-    call = _supported(cg.fwd_call, layout, q.shape, k.shape, _dtype(q), scale)
+    call = _supported(ops.fwd_call, layout, q.shape, k.shape, _dtype(q), scale)
     out, lse = _run(call, q, k, v.astype(q.dtype))
     return out, lse
 
@@ -262,7 +263,7 @@ def attention_bwd(q, k, v, out, lse, dout, layout: ACSR, scale: float):
     """``(dq, dk, dv)`` from the fused backward kernels (dq over ``layout``, dk/dv over its transpose)."""
     dt = q.dtype
     kd, vd = k.dtype, v.dtype
-    cq, ck = _supported(cg.bwd_calls, layout, q.shape, k.shape, _dtype(q), scale)
+    cq, ck = _supported(ops.bwd_calls, layout, q.shape, k.shape, _dtype(q), scale)
     k, v, dout, lse = k.astype(dt), v.astype(dt), dout.astype(dt), lse.astype(jnp.float32)
     dq, delta = _run(cq, q, k, v, dout, out.astype(dt), lse)  # delta = rowsum(dout * out), in-kernel
     dk, dv = _run(ck, q, k, v, dout, lse, delta)
@@ -274,19 +275,19 @@ def attention_bwd(q, k, v, out, lse, dout, layout: ACSR, scale: float):
 
 def sddmm(q, k, layout: ACSR):
     """Scores ``[B, H, Sq, N]`` in q's dtype (no scale; padding 0)."""
-    (s,) = _run(_supported(cg.sddmm_call, layout, q.shape, k.shape, _dtype(q)), q, k.astype(q.dtype))
+    (s,) = _run(_supported(ops.sddmm_call, layout, q.shape, k.shape, _dtype(q)), q, k.astype(q.dtype))
     return s
 
 
 def softmax(scores, layout: ACSR, scale: float):
     """Row softmax of ``scale * scores`` over each row's valid slots."""
-    (p,) = _run(_supported(cg.softmax_call, layout, scores.shape, _dtype(scores), scale), scores)
+    (p,) = _run(_supported(ops.softmax_call, layout, scores.shape, _dtype(scores), scale), scores)
     return p
 
 
 def spmm(probs, v, layout: ACSR):
     """``probs . v`` -> ``[B, Sq, H, D]`` in v's dtype."""
-    (o,) = _run(_supported(cg.spmm_call, layout, probs.shape, v.shape, _dtype(v)), probs, v)
+    (o,) = _run(_supported(ops.spmm_call, layout, probs.shape, v.shape, _dtype(v)), probs, v)
     return o
 
 
@@ -294,7 +295,7 @@ def sddmm_bwd(q, k, ds, layout: ACSR):
     """``dq = ds . k`` over ``layout``; ``dk = ds^T . q`` over the transposed layout."""
     dq = spmm(ds, k.astype(q.dtype), layout).astype(q.dtype)
     dst = _transpose_values(ds, layout)
-    dk = spmm(dst, q, cg.transposed(layout))
+    dk = spmm(dst, q, transposed(layout))
     return dq, _group_sum(dk, k.shape[2], k.dtype)
 
 
@@ -307,5 +308,5 @@ def spmm_bwd(probs, v, dout, layout: ACSR):
     """``dprobs = dout . v^T`` at the mask (SDDMM); ``dv = probs^T . dout`` over the transpose."""
     dp = sddmm(dout.astype(v.dtype), v, layout).astype(probs.dtype)
     pt = _transpose_values(probs, layout)
-    dv = spmm(pt, dout.astype(v.dtype), cg.transposed(layout))
+    dv = spmm(pt, dout.astype(v.dtype), transposed(layout))
     return dp, _group_sum(dv, v.shape[2], v.dtype)
