@@ -1,6 +1,8 @@
 """The ACSR sparse format (affine-compressed sparse row) for regular attention masks.
 
-Depends on numpy only. See :mod:`acsr._format` for the documented arrays.
+Depends on numpy only (no other package of this project). See :mod:`acsr._format`
+for the documented arrays and :mod:`acsr._plan` for the backend-neutral walk plans
+(row order, key spans, segment modes, tile cover, block order, pattern family).
 """
 
 from acsr._build import (
@@ -17,6 +19,21 @@ from acsr._build import (
 )
 from acsr._format import ACSR, MAX_SEGMENTS, BlockResidual, LayoutError, Segment
 from acsr._law import MAX_PIECES, ClosedForm, Law, Piece, fit_closed_form, fit_law
+from acsr._plan import (
+    FAMILIES,
+    MODES,
+    SegmentMode,
+    WalkPlan,
+    block_order,
+    block_rows,
+    block_work,
+    key_spans,
+    pattern_family,
+    row_permutation,
+    segment_modes,
+    tile_cover,
+    walk_plan,
+)
 from acsr._runs import csr_from_runs, dense_from_runs, merge_intervals, runs_from_csr, runs_from_dense
 
 __all__ = [
@@ -24,12 +41,19 @@ __all__ = [
     "BlockResidual",
     "ClosedForm",
     "DEFAULT_BLOCK",
+    "FAMILIES",
     "Law",
     "LayoutError",
     "MAX_PIECES",
     "MAX_SEGMENTS",
+    "MODES",
     "Piece",
     "Segment",
+    "SegmentMode",
+    "WalkPlan",
+    "block_order",
+    "block_rows",
+    "block_work",
     "csr_from_runs",
     "dense_from_runs",
     "fit_closed_form",
@@ -39,11 +63,17 @@ __all__ = [
     "from_dense_chunks",
     "from_row_chunks",
     "from_runs",
+    "key_spans",
     "merge_intervals",
+    "pattern_family",
     "residual_from_csr",
+    "row_permutation",
     "runs_from_csr",
     "runs_from_dense",
+    "segment_modes",
+    "tile_cover",
     "to_csr",
     "transpose",
     "validate",
+    "walk_plan",
 ]

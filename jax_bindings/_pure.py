@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from acsr import ACSR
+from acsr import ACSR, Segment, block_rows, key_spans
 
 _F32 = jnp.float32
 _NEG_INF = float("-inf")
@@ -157,25 +157,21 @@ def _pad_rows(a: np.ndarray, n: int, fill: int) -> np.ndarray:
     return np.concatenate([a, np.full(n - a.shape[0], fill, a.dtype)])
 
 
-def _window_piece(base, stride, count, q_len: int, bq: int) -> tuple[_Window, float]:
+def _window_piece(seg: Segment, q_len: int, bq: int) -> tuple[_Window, float]:
     nb = _cdiv(q_len, bq)
     n = nb * bq
-    count = _pad_rows(count.astype(np.int64), n, 0)
-    lo = _pad_rows(base.astype(np.int64), n, 0)
-    st = _pad_rows(stride.astype(np.int64), n, 1)
-    hi = np.where(count > 0, lo + st * np.maximum(count - 1, 0) + 1, lo)
-    lo2, hi2, c2 = lo.reshape(nb, bq), hi.reshape(nb, bq), count.reshape(nb, bq)
-    big = np.iinfo(np.int64).max
-    has = (c2 > 0).any(axis=1)
-    start = np.where(has, np.where(c2 > 0, lo2, big).min(axis=1), 0)
-    span = np.where(has, np.where(c2 > 0, hi2, 0).max(axis=1) - start, 0)
+    count = _pad_rows(seg.count.astype(np.int64), n, 0)
+    st = _pad_rows(seg.stride.astype(np.int64), n, 1)
+    lo2 = _pad_rows(seg.base.astype(np.int64), n, 0).reshape(nb, bq)
+    hi2 = _pad_rows(seg.end(), n, 0).reshape(nb, bq)  # = lo for empty and padding rows
+    start, span = key_spans(seg, block_rows(q_len, bq), compressed=False)  # 0, 0 for empty blocks
     width = int(span.max(initial=0))
     # one chunk covering the widest span, or a chunk size walked per block
     options = [max(8, _round_up(width, 8))] if width <= _MAX_SINGLE_CHUNK else []
     options += [c for c in _KEY_CHUNKS if c < width] or [max(8, _round_up(width, 8))]
     best = None
     for chunk in options:
-        nchunk = np.where(has, -(-span // chunk), 0)
+        nchunk = -(-span // chunk)
         n_chunks = int(nchunk.max(initial=0)) or 1
         cost = float(nchunk.sum()) * (chunk * bq + _CHUNK_OVERHEAD) + nb * _STEP_OVERHEAD
         if best is None or cost < best[0]:
@@ -196,10 +192,10 @@ def _window_piece(base, stride, count, q_len: int, bq: int) -> tuple[_Window, fl
     return piece, cost
 
 
-def _gather_piece(base, stride, count, q_len: int, bq: int) -> tuple[_Gather, float]:
+def _gather_piece(seg: Segment, q_len: int, bq: int) -> tuple[_Gather, float]:
     nb = _cdiv(q_len, bq)
     n = nb * bq
-    c2 = _pad_rows(count, n, 0).reshape(nb, bq)
+    c2 = _pad_rows(seg.count, n, 0).reshape(nb, bq)
     width = int(c2.max(initial=0))
     if width <= _GATHER_MAX_SINGLE:
         chunk, n_chunks = max(8, _round_up(width, 8)), 1
@@ -211,8 +207,8 @@ def _gather_piece(base, stride, count, q_len: int, bq: int) -> tuple[_Gather, fl
         bq,
         chunk,
         n_chunks,
-        _pad_rows(base, n, 0).reshape(nb, bq).astype(np.int32),
-        _pad_rows(stride, n, 1).reshape(nb, bq).astype(np.int32),
+        _pad_rows(seg.base, n, 0).reshape(nb, bq).astype(np.int32),
+        _pad_rows(seg.stride, n, 1).reshape(nb, bq).astype(np.int32),
         c2.astype(np.int32),
         nchunk.astype(np.int32),
     )
@@ -255,7 +251,7 @@ def _plan_cached(layout: ACSR, force: str | None) -> tuple:
             for kind, make in (("window", _window_piece), ("gather", _gather_piece)):
                 if force not in (None, kind):
                     continue
-                p, c = make(seg.base, seg.stride, seg.count, layout.q_len, bq)
+                p, c = make(seg, layout.q_len, bq)
                 if c < best_cost:
                     best, best_cost = p, c
         pieces.append(best)

@@ -126,16 +126,10 @@ class Report:
 def _tile_efficiency(layout: ACSR) -> float:
     """Useful fraction of the work over row-block x key-span tiles, segments in compressed key space."""
     bm, bn = _REPORT_TILE
+    rows = acsr.block_rows(layout.q_len, bm)
     work = 0
-    nb = -(-layout.q_len // bm)
-    pad = nb * bm - layout.q_len
-    far = np.iinfo(np.int64).max // 2
     for s in layout.segments:
-        c = s.count.astype(np.int64)
-        lo = s.base.astype(np.int64) // np.maximum(s.stride.astype(np.int64), 1)  # compressed key index
-        hi = np.pad(lo + c, (0, pad)).reshape(nb, bm).max(1)
-        lo = np.pad(np.where(c > 0, lo, far), (0, pad), constant_values=far).reshape(nb, bm).min(1)
-        span = np.maximum(hi - lo, 0)
+        span = acsr.key_spans(s, rows)[1]
         work += int((-(-span // bn) * bn * bm).sum())
     if layout.residual is not None:
         r = layout.residual

@@ -3,17 +3,15 @@
 A :class:`KernelSpec` is derived from an :class:`acsr.ACSR` layout, the shapes
 and the dtype (:func:`plan`). It is frozen and hashable: generated modules are
 cached by it. Per-row metadata (arrays for segments without a closed form, the
-row permutation of stride alignment, the residual's block lists) is not part
-of the spec; :class:`Plan` carries it next to the spec as numpy operands.
+row permutation of stride alignment, the heaviest-first block order, the
+residual's block lists) is not part of the spec; :class:`Plan` carries it next
+to the spec as numpy operands.
 
-Segment modes (how a row block walks one segment's key tiles):
-
-* ``dense``   -- stride 1: key tiles are contiguous column ranges.
-* ``aligned`` -- uniform stride ``s > 1`` and every row of a row block shares
-  the phase ``base % s`` (after the row permutation): key tiles are dense in
-  compressed space, ``col = phase + s * u``; no wasted products.
-* ``modular`` -- anything else (strides vary per row, or phases are mixed in a
-  row block): contiguous column tiles masked with ``(col - base) % stride == 0``.
+What is not Triton's -- row order, segment modes (``dense`` / ``aligned`` /
+``modular``), key spans, tile cover, block order -- comes from the
+backend-neutral walk plan, :func:`acsr.walk_plan` (see :mod:`acsr._plan`).
+What is: tiles, warps, stages, the tile walk (``loop``), the head dims, dtypes
+and residual blocks the kernels take.
 """
 
 from __future__ import annotations
@@ -38,7 +36,7 @@ class SegSpec:
     """How a kernel walks one ACSR segment.
 
     Attributes:
-      mode: ``"dense"``, ``"aligned"`` or ``"modular"`` (module docstring).
+      mode: ``"dense"``, ``"aligned"`` or ``"modular"`` (:data:`acsr.MODES`, see :mod:`acsr._plan`).
       stride: the uniform stride, or 0 when it varies per row.
       source: ``"law"`` (closed form baked in, no metadata loaded) or
         ``"arrays"`` (per-row base/count[/stride] int32 operands).
@@ -182,7 +180,7 @@ def default_tiles(
     """Heuristic tiles for ``op``.
 
     ``row_keys``: mean keys per query row of the layout; ``tall_cover``: how tightly
-    128-row tiles cover the mask relative to 64-row ones (:func:`tile_cover` ratio).
+    128-row tiles cover the mask relative to 64-row ones (:func:`acsr.tile_cover` ratio).
     """
     bm, bn, w, st = _GPU_TILES[op]
     if op in _LONG_TILES and row_keys >= _LONG_ROW and head_dim <= 128 and dtype != "float32":
@@ -194,57 +192,6 @@ def default_tiles(
     if head_dim > 128:
         bm, bn, w, st = min(bm, 64), min(bn, 32), 8, 1
     return Tiles(bm, bn, w, st)
-
-
-# A row block walking more than this many times the median block's key span gets
-# its programs launched first (see KernelSpec.ordered).
-_HEAVY = 3.0
-
-
-def _block_rows(layout: ACSR, perm: np.ndarray | None, bm: int) -> np.ndarray:
-    """Row index per program row, ``[row_blocks, bm]``, -1 for padding."""
-    if perm is not None:
-        return perm.reshape(-1, bm)
-    n = -(-layout.q_len // bm) * bm
-    r = np.arange(n)
-    return np.where(r < layout.q_len, r, -1).reshape(-1, bm)
-
-
-def _block_spans(layout: ACSR, rows: np.ndarray) -> list[np.ndarray]:
-    """Per segment, the (compressed) columns each row block of ``rows`` walks, and the residual's."""
-    ok = rows >= 0
-    r = np.maximum(rows, 0)
-    spans = []
-    for s in layout.segments:
-        live = ok & (s.count[r] > 0)
-        st = np.maximum(s.stride[r].astype(np.int64), 1)
-        b = s.base[r].astype(np.int64) // st
-        lo = np.where(live, b, np.iinfo(np.int64).max).min(1)
-        hi = np.where(live, b + s.count[r], 0).max(1)
-        spans.append(np.maximum(hi - lo, 0))
-    if layout.residual is not None:
-        nb = layout.residual.num_blocks * layout.residual.block_kv
-        spans.append(nb[rows[:, 0].clip(0) // layout.residual.block_q].astype(np.int64))
-    return spans
-
-
-def tile_cover(layout: ACSR, bm: int, bn: int) -> float:
-    """Mask entries over the (row, column) pairs a walk with ``bm x bn`` tiles visits (1 = no waste)."""
-    rows = _block_rows(layout, _permutation(layout, bm), bm)
-    walked = sum(float((-(-sp // bn) * bn).sum()) for sp in _block_spans(layout, rows)) * bm
-    return layout.nnz / walked if walked else 1.0
-
-
-def _block_order(layout: ACSR, perm: np.ndarray | None, bm: int) -> np.ndarray | None:
-    """Row blocks heaviest first when a few blocks walk far more columns than the rest, else None."""
-    rows = _block_rows(layout, perm, bm)
-    if rows.shape[0] < 2:
-        return None
-    work = np.sum(_block_spans(layout, rows), axis=0, dtype=np.float64)
-    med = float(np.median(work))
-    if work.max() <= _HEAVY * max(med, 1.0):
-        return None
-    return np.argsort(-work, kind="stable").astype(np.int32)
 
 
 # -- planning -------------------------------------------------------------------
@@ -263,42 +210,6 @@ def check_head_dim(d: int) -> None:
             f"head dim D must be an int in [1, {MAX_HEAD_DIM}] for the Triton backend, got {d!r}; "
             "use backend='jax' for larger heads"
         )
-
-
-def _phases(seg, rows: np.ndarray, s: int) -> np.ndarray:
-    """Column phase ``base % s`` of each row; -1 where the row is empty."""
-    return np.where(seg.count[rows] > 0, seg.base[rows] % s, -1)
-
-
-def _permutation(layout: ACSR, block_m: int) -> np.ndarray | None:
-    """Row order grouping rows by the column phase of the widest-stride segment.
-
-    Each phase group is padded with -1 to a multiple of ``block_m`` so no row
-    block mixes phases. ``None`` when no segment has a uniform stride > 1.
-    """
-    if layout.residual is not None:
-        return None  # the residual's row blocks are in original order
-    strided = [(s.uniform_stride, s) for s in layout.segments if (s.uniform_stride or 1) > 1]
-    if not strided:
-        return None
-    stride, seg = max(strided, key=lambda t: t[0])
-    r = np.arange(layout.q_len)
-    ph = np.where(seg.count > 0, seg.base % stride, r % stride)
-    order = np.argsort(ph, kind="stable")
-    groups = np.split(order, np.flatnonzero(np.diff(ph[order])) + 1)
-    out = []
-    for g in groups:
-        pad = (-g.size) % block_m
-        out.append(np.concatenate([g, np.full(pad, -1, np.int64)]))
-    return np.concatenate(out).astype(np.int32)
-
-
-def _aligned(seg, perm: np.ndarray | None, q_len: int, block_m: int, stride: int) -> bool:
-    pos = perm if perm is not None else np.arange(-(-q_len // block_m) * block_m)
-    pos = np.where((pos >= 0) & (pos < q_len), pos, -1).reshape(-1, block_m)
-    ph = np.where(pos >= 0, _phases(seg, np.maximum(pos, 0), stride), -1)
-    hi = ph.max(axis=1)
-    return bool(np.all((ph == -1) | (ph == hi[:, None])))
 
 
 def plan(
@@ -337,7 +248,9 @@ def _plan_cached(op, layout: ACSR, dtype, head_dim, num_heads, num_kv_heads, til
     if tiles is None:
         row_keys = layout.nnz / max(layout.q_len, 1)
         tall = (
-            tile_cover(layout, 128, 64) / max(tile_cover(layout, 64, 64), 1e-9) if op in _TALL_TILES else 0.0
+            acsr.tile_cover(layout, 128, 64) / max(acsr.tile_cover(layout, 64, 64), 1e-9)
+            if op in _TALL_TILES
+            else 0.0
         )
         tiles = default_tiles(op, head_dim, dtype, row_keys, tall)
     bm, bn, warps, stages, loop = tiles
@@ -354,20 +267,10 @@ def _plan_cached(op, layout: ACSR, dtype, head_dim, num_heads, num_kv_heads, til
             raise ValueError(
                 f"residual block_q must be a multiple of 16 for the Triton backend, got {res.block_q}"
             )
-    uses_perm = op != "softmax"
-    perm = _permutation(layout, bm) if uses_perm else None
+    walk = acsr.walk_plan(layout, bm, permute=op != "softmax", reorder=op != "softmax")
     offs = layout.slot_offsets
     segs, meta = [], []
-    for k, s in enumerate(layout.segments):
-        st = s.uniform_stride
-        if st is None:
-            mode, stride = "modular", 0
-        elif st == 1:
-            mode, stride = "dense", 1
-        elif uses_perm and _aligned(s, perm, layout.q_len, bm, st):
-            mode, stride = "aligned", st
-        else:
-            mode, stride = "modular", st
+    for k, (s, (mode, stride)) in enumerate(zip(layout.segments, walk.modes, strict=True)):
         cf = s.closed_form
         if cf is not None:
             source, pieces = "law", cf.pieces
@@ -377,14 +280,10 @@ def _plan_cached(op, layout: ACSR, dtype, head_dim, num_heads, num_kv_heads, til
             if stride == 0:
                 meta.append(s.stride)
         segs.append(SegSpec(mode, stride, source, pieces, s.width, offs[k]))
-    if perm is not None:
-        meta.append(perm)
-        row_blocks = perm.size // bm
-    else:
-        row_blocks = -(-layout.q_len // bm)
-    order = _block_order(layout, perm, bm) if op != "softmax" else None
-    if order is not None:
-        meta.append(order)
+    if walk.perm is not None:
+        meta.append(walk.perm)
+    if walk.order is not None:
+        meta.append(walk.order)
     rspec = None
     if res is not None:
         rspec = ResSpec(res.block_q, res.block_kv, res.max_blocks, offs[-1])
@@ -395,7 +294,7 @@ def _plan_cached(op, layout: ACSR, dtype, head_dim, num_heads, num_kv_heads, til
         cols=layout.kv_len,
         segments=tuple(segs),
         residual=rspec,
-        permuted=perm is not None,
+        permuted=walk.perm is not None,
         dtype=dtype,
         head_dim=head_dim,
         num_heads=num_heads,
@@ -406,10 +305,10 @@ def _plan_cached(op, layout: ACSR, dtype, head_dim, num_heads, num_kv_heads, til
         num_warps=warps,
         num_stages=stages,
         loop=loop,
-        ordered=order is not None,
+        ordered=walk.order is not None,
     )
     meta = tuple(np.ascontiguousarray(m, dtype=np.int8 if m.dtype == np.int8 else np.int32) for m in meta)
-    return Plan(spec, meta, row_blocks)
+    return Plan(spec, meta, walk.row_blocks)
 
 
 @functools.lru_cache(maxsize=64)
@@ -455,7 +354,6 @@ __all__ = [
     "transposed",
     "transpose_slots",
     "default_tiles",
-    "tile_cover",
     "check_head_dim",
     "acsr",
 ]
