@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import sys
+import types
+
 import numpy as np
 import pytest
 
 import acsr
 from acsr import ACSR, Segment
-from jax_bindings._triton import cache, ops
+from jax_bindings._triton import cache, ops, spec
 from jax_bindings._triton.render import render
-from jax_bindings._triton.spec import plan
+from jax_bindings._triton.spec import Tiles, plan
 
 
 def _window(S=64, w=20):
@@ -90,3 +93,90 @@ def test_triton_backend_module_refuses_cpu_jax():
 
     with pytest.raises(ImportError, match="jax_triton|triton"):
         _triton.attention_fwd  # noqa: B018  (the package loads the backend on first access)
+
+
+# -- tiles ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "tiles, error, field",
+    [
+        ((12, 16, 4, 1), ValueError, "block_m"),
+        ((16, 24, 4, 1), ValueError, "block_n"),
+        ((8, 16, 4, 1), ValueError, "block_m"),
+        ((16, 16, 3, 1), ValueError, "num_warps"),
+        ((16, 16, 4, 0), ValueError, "num_stages"),
+        ((16, 16, 4, 1, "zigzag"), ValueError, "loop"),
+        (("16", 16, 4, 1), TypeError, "block_m"),
+        ((16, 16.0, 4, 1), TypeError, "block_n"),
+        ((16, 16, True, 1), TypeError, "num_warps"),
+        ((16, 16, 4), TypeError, "tiles must be"),
+    ],
+)
+def test_tiles_are_validated_and_errors_name_the_field(tiles, error, field):
+    with pytest.raises(error, match=field):
+        Tiles.of(tiles)
+    with pytest.raises(error, match=field):  # a bad argument, not "unsupported": it propagates
+        ops.fwd_call(_window(), (1, 64, 2, 64), (1, 64, 2, 64), "float16", 0.1, tiles=tiles)
+
+
+def test_tiles_unpack_and_compare_by_value():
+    t = Tiles(np.int64(64), 32, 4, 3)
+    assert tuple(t) == (64, 32, 4, 3, "fused") and type(t.block_m) is int
+    assert t == Tiles.of((64, 32, 4, 3)) and hash(t) == hash(Tiles(64, 32, 4, 3, "fused"))
+    with pytest.raises(AttributeError):
+        t.block_m = 16
+
+
+def _fake_tuning(monkeypatch, table):
+    calls = []
+
+    def lookup_tiles(op, family, q_len, head_dim, dtype):
+        calls.append((op, family, q_len, head_dim, dtype))
+        return table.get(op)
+
+    mod = types.ModuleType("jax_bindings._tuning")
+    mod.lookup_tiles = lookup_tiles
+    monkeypatch.setitem(sys.modules, "jax_bindings._tuning", mod)
+    spec._plan_cached.cache_clear()
+    return calls
+
+
+def test_tiles_for_asks_the_tuning_tables_first(monkeypatch):
+    lay = _window()
+    calls = _fake_tuning(monkeypatch, {"fwd": (32, 16, 2, 1, "split")})
+    assert spec.tiles_for("fwd", lay, 64, "float16") == Tiles(32, 16, 2, 1, "split")
+    assert calls == [("fwd", "window", 64, 64, "float16")]
+    # no entry: the heuristics
+    assert spec.tiles_for("bwd_dq", lay, 64, "float16") == spec.default_tiles("bwd_dq", 64, "float16")
+    p = plan("fwd", lay, dtype="float16", head_dim=64, num_heads=1, num_kv_heads=1)
+    assert (p.spec.block_m, p.spec.block_n, p.spec.num_warps, p.spec.loop) == (32, 16, 2, "split")
+    spec._plan_cached.cache_clear()
+
+
+def test_tiles_for_rejects_a_bad_tuned_entry(monkeypatch):
+    _fake_tuning(monkeypatch, {"fwd": (48, 64, 4, 3, "fused")})
+    with pytest.raises(ValueError, match="block_m"):
+        spec.tiles_for("fwd", _window(), 64, "float16")
+    spec._plan_cached.cache_clear()
+
+
+def test_tiles_for_without_tuning_module_uses_heuristics(monkeypatch):
+    import jax_bindings
+
+    monkeypatch.delitem(sys.modules, "jax_bindings._tuning", raising=False)
+    monkeypatch.setattr(jax_bindings, "__path__", [])  # no submodule can be found: "not written yet"
+    lay = _window(256, 20)
+    assert spec.tiles_for("fwd", lay, 64, "bfloat16") == Tiles(64, 64, 4, 3)
+    assert spec.tiles_for("fwd", lay, 256, "bfloat16") == Tiles(64, 32, 8, 1)
+    assert spec.tiles_for("fwd", lay, 64, "float32") == Tiles(64, 32, 4, 3)
+
+
+def test_a_tuning_module_that_fails_to_import_is_not_hidden(monkeypatch, tmp_path):
+    import jax_bindings
+
+    (tmp_path / "_tuning.py").write_text("import splat_no_such_module_for_this_test\n")
+    monkeypatch.delitem(sys.modules, "jax_bindings._tuning", raising=False)
+    monkeypatch.setattr(jax_bindings, "__path__", [str(tmp_path)])
+    with pytest.raises(ModuleNotFoundError, match="splat_no_such_module_for_this_test"):
+        spec.tiles_for("fwd", _window(), 64, "float16")

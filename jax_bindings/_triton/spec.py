@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import numpy as np
 
@@ -125,10 +124,37 @@ class KernelSpec:
         return tuple(names)
 
 
-class Tiles(NamedTuple):
-    """Tile configuration of one kernel (``tiles=`` accepts a plain 4- or 5-tuple too).
+LOOPS = ("fused", "split", "single")
+WARPS = (1, 2, 4, 8)
 
-    ``loop``: ``"fused"``, ``"split"`` or ``"single"`` (see :class:`KernelSpec`).
+
+def _int_field(name: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"tiles.{name} must be an int, got {type(v).__name__} {v!r}")
+    return int(v)
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Tile configuration of one kernel, validated (errors name the field).
+
+    Attributes:
+      block_m: rows per program (a power of two >= 16; ``tl.dot`` needs 16).
+      block_n: columns per key tile (a power of two >= 16).
+      num_warps: warps per program, one of :data:`WARPS`.
+      num_stages: software-pipeline stages (>= 1).
+      loop: the tile walk, one of :data:`LOOPS` (see :class:`KernelSpec`).
+
+    Unpacks as ``block_m, block_n, num_warps, num_stages, loop``; ``tiles=``
+    arguments take a plain 4- or 5-tuple too (:meth:`of`).
+
+    Example:
+      >>> Tiles(64, 32, 4, 3)
+      Tiles(block_m=64, block_n=32, num_warps=4, num_stages=3, loop='fused')
+      >>> Tiles(64, 24, 4, 3)
+      Traceback (most recent call last):
+      ...
+      ValueError: tiles.block_n must be a power of two >= 16, got 24
     """
 
     block_m: int
@@ -136,6 +162,38 @@ class Tiles(NamedTuple):
     num_warps: int
     num_stages: int
     loop: str = "fused"
+
+    def __post_init__(self):
+        for name in ("block_m", "block_n"):
+            v = _int_field(name, getattr(self, name))
+            if v < 16 or v & (v - 1):
+                raise ValueError(f"tiles.{name} must be a power of two >= 16, got {v}")
+            object.__setattr__(self, name, v)
+        w = _int_field("num_warps", self.num_warps)
+        if w not in WARPS:
+            raise ValueError(f"tiles.num_warps must be one of {WARPS}, got {w}")
+        st = _int_field("num_stages", self.num_stages)
+        if st < 1:
+            raise ValueError(f"tiles.num_stages must be >= 1, got {st}")
+        if self.loop not in LOOPS:
+            raise ValueError(f"tiles.loop must be one of {LOOPS}, got {self.loop!r}")
+        object.__setattr__(self, "num_warps", w)
+        object.__setattr__(self, "num_stages", st)
+
+    def __iter__(self):
+        return iter((self.block_m, self.block_n, self.num_warps, self.num_stages, self.loop))
+
+    @classmethod
+    def of(cls, tiles) -> Tiles:
+        """``tiles`` as :class:`Tiles`: a Tiles, or ``(block_m, block_n, num_warps, num_stages[, loop])``."""
+        if isinstance(tiles, Tiles):
+            return tiles
+        if isinstance(tiles, (tuple, list)) and len(tiles) in (4, 5):
+            return cls(*tiles)
+        raise TypeError(
+            "tiles must be a Tiles or a (block_m, block_n, num_warps, num_stages[, loop]) tuple, "
+            f"got {tiles!r}"
+        )
 
 
 @dataclass(frozen=True, eq=False)
@@ -146,8 +204,6 @@ class Plan:
     meta: tuple[np.ndarray, ...] = field(repr=False)
     row_blocks: int
 
-
-LOOPS = ("fused", "split", "single")
 
 # -- tile defaults ------------------------------------------------------------
 
@@ -194,6 +250,50 @@ def default_tiles(
     return Tiles(bm, bn, w, st)
 
 
+def _tuned(op: str, layout: ACSR, head_dim: int, dtype: str) -> Tiles | None:
+    """Tiles from the tuning tables (``jax_bindings._tuning.lookup_tiles``), or None.
+
+    The hook: ``lookup_tiles(op, family, q_len, head_dim, dtype)`` with ``family``
+    = :func:`acsr.pattern_family` of the layout the kernel walks (for ``bwd_dkdv``
+    the transposed one) and ``q_len`` its rows; it returns ``(block_m, block_n,
+    num_warps, num_stages, loop)`` or None. Until the tuning module exists, None.
+    """
+    try:  # (``from jax_bindings import _tuning`` would turn a missing module into a plain ImportError)
+        import jax_bindings._tuning as _tuning
+    except ModuleNotFoundError as e:
+        if e.name != "jax_bindings._tuning":  # the module exists but something it imports does not
+            raise
+        return None
+    hit = _tuning.lookup_tiles(op, acsr.pattern_family(layout), layout.q_len, head_dim, dtype)
+    return None if hit is None else Tiles.of(hit)
+
+
+def tiles_for(op: str, layout: ACSR, head_dim: int, dtype: str) -> Tiles:
+    """The tiles ``op`` runs with over ``layout`` when the caller names none.
+
+    Tuned tiles first (:func:`_tuned`: the tuning tables, keyed by op, pattern family,
+    rows, head dim and dtype); otherwise the heuristics of :func:`default_tiles`, fed
+    the layout's mean keys per row and, for ops with tall tiles, how tightly 128-row
+    tiles cover it relative to 64-row ones.
+
+    Args:
+      op: one of :data:`OPS`.
+      layout: the layout the kernel walks (for ``"bwd_dkdv"`` the transposed one).
+      head_dim: D.
+      dtype: one of :data:`DTYPES`.
+    """
+    tuned = _tuned(op, layout, head_dim, dtype)
+    if tuned is not None:
+        return tuned
+    row_keys = layout.nnz / max(layout.q_len, 1)
+    tall = (
+        acsr.tile_cover(layout, 128, 64) / max(acsr.tile_cover(layout, 64, 64), 1e-9)
+        if op in _TALL_TILES
+        else 0.0
+    )
+    return default_tiles(op, head_dim, dtype, row_keys, tall)
+
+
 # -- planning -------------------------------------------------------------------
 
 
@@ -220,7 +320,7 @@ def plan(
     head_dim: int,
     num_heads: int,
     num_kv_heads: int,
-    tiles: tuple[int, int, int, int] | None = None,
+    tiles: Tiles | tuple | None = None,
 ) -> Plan:
     """Builds the :class:`Plan` of ``op`` over ``layout``.
 
@@ -231,7 +331,7 @@ def plan(
       head_dim: D.
       num_heads, num_kv_heads: H and H_kv (H_kv divides H).
       tiles: :class:`Tiles` (or ``(block_m, block_n, num_warps, num_stages[, loop])``);
-        defaults per op.
+        None: :func:`tiles_for`.
     """
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
@@ -239,23 +339,15 @@ def plan(
     check_head_dim(head_dim)
     if num_kv_heads < 1 or num_heads % num_kv_heads:
         raise ValueError(f"key/value heads ({num_kv_heads}) must divide query heads ({num_heads})")
-    tiles = None if tiles is None else Tiles(*tiles)
+    tiles = None if tiles is None else Tiles.of(tiles)
     return _plan_cached(op, layout, dtype, int(head_dim), int(num_heads), int(num_kv_heads), tiles)
 
 
 @functools.lru_cache(maxsize=256)
 def _plan_cached(op, layout: ACSR, dtype, head_dim, num_heads, num_kv_heads, tiles) -> Plan:
     if tiles is None:
-        row_keys = layout.nnz / max(layout.q_len, 1)
-        tall = (
-            acsr.tile_cover(layout, 128, 64) / max(acsr.tile_cover(layout, 64, 64), 1e-9)
-            if op in _TALL_TILES
-            else 0.0
-        )
-        tiles = default_tiles(op, head_dim, dtype, row_keys, tall)
+        tiles = tiles_for(op, layout, head_dim, dtype)
     bm, bn, warps, stages, loop = tiles
-    if loop not in LOOPS:
-        raise ValueError(f"tile loop must be one of {LOOPS}, got {loop!r}")
     res = layout.residual
     if res is not None:
         if res.block_kv < 16 or res.block_kv & (res.block_kv - 1):
@@ -345,15 +437,19 @@ def transpose_slots(layout: ACSR) -> np.ndarray:
 
 
 __all__ = [
+    "DTYPES",
+    "LOOPS",
+    "MAX_HEAD_DIM",
+    "OPS",
+    "WARPS",
     "KernelSpec",
-    "SegSpec",
-    "ResSpec",
     "Plan",
+    "ResSpec",
+    "SegSpec",
     "Tiles",
-    "plan",
-    "transposed",
-    "transpose_slots",
     "default_tiles",
-    "check_head_dim",
-    "acsr",
+    "plan",
+    "tiles_for",
+    "transpose_slots",
+    "transposed",
 ]
