@@ -7,7 +7,9 @@ tile sizes and flags stay ``tl.constexpr``. Every op shares one row-block
 walk: per segment, per-row ranges ``[ub, ue)`` in compressed column space,
 the block's key tiles in one loop (edge tiles mask under a run-time test,
 interior tiles lie inside every row's range and skip masking) or in partial /
-full / partial runs, then the residual's key blocks.
+full / partial runs, then the residual's key blocks. Each op has one renderer
+(``_KERNELS``: op -> its signature and body); the prologue (row block, rows,
+static asserts), the tile functions and the header are shared.
 """
 
 from __future__ import annotations
@@ -398,196 +400,149 @@ def _row_block_head(kv: str, *, load_q: bool) -> list[str]:
     return lines
 
 
-def _kernel(spec: KernelSpec) -> str:
-    op = spec.op
-    meta = "".join(f"{m}, " for m in spec.meta_names())
-    pro = _rows_prologue(spec) + _asserts(spec)
-    if op == "fwd":
-        sig = f"Q, K, V, {meta}Out, Lse, SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr"
-        body = (
-            pro
-            + _row_block_head("KV", load_q=True)
-            + [
-                "m_i = tl.full([BLOCK_M], float('-inf'), tl.float32)",
-                "l_i = tl.zeros([BLOCK_M], tl.float32)",
-                "acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)",
-            ]
-            + _segments_rowinfo(spec, True)
-            + _walk(
-                spec,
-                "acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q, Kb, Vb, SCALE * LOG2E, {MASK})",
-                False,
-            )
-            + [
-                "# -- epilogue: normalise; fully masked rows give 0 and lse -inf",
-                "l_use = tl.where(l_i > 0, l_i, 1.0)",
-                "out = acc / l_use[:, None]",
-                "lse = tl.where(l_i > 0, (m_i + tl.math.log2(l_use)) * LN2, float('-inf'))",
-                "o_ptrs = Out + bq + rows[:, None] * Q_ROW + offs_d[None, :]",
-                "tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=valid[:, None] & (offs_d < D)[None, :])",
-                "tl.store(Lse + (b * H + h).to(tl.int64) * Q_LEN + rows, lse, mask=valid)",
-            ]
-        )
-    elif op == "bwd_dq":
-        sig = f"Q, K, V, DO, Out, Lse, {meta}DQ, Delta, SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr"
-        body = (
-            pro
-            + _row_block_head("KV", load_q=True)
-            + [
-                "do = _load_rows(DO + bq, rows, valid, Q_ROW, False)",
-                "lrow = (b * H + h).to(tl.int64) * Q_LEN + rows",
-                "lse2 = tl.load(Lse + lrow, mask=valid, other=0.0) * LOG2E",
-                "# delta = rowsum(dO * O), computed once here and stored for the dk/dv kernel",
-                "o = _load_rows(Out + bq, rows, valid, Q_ROW, False)",
-                "delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)",
-                "tl.store(Delta + lrow, delta, mask=valid)",
-                "dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)",
-            ]
-            + _segments_rowinfo(spec, True)
-            + _walk(
-                spec,
-                "dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, SCALE * LOG2E, {MASK})",
-                False,
-            )
-            + [
-                "dq = dq * SCALE",
-                "tl.store(DQ + bq + rows[:, None] * Q_ROW + offs_d[None, :], dq.to(DQ.dtype.element_ty),"
-                " mask=valid[:, None] & (offs_d < D)[None, :])",
-            ]
-        )
-    elif op == "bwd_dkdv":
-        sig = f"Q, K, V, DO, Lse, Delta, {meta}DK, DV, SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr"
-        walk = _walk(
+def _fwd(spec: KernelSpec, meta: str) -> tuple[str, list[str]]:
+    """Fused forward: ``(Q, K, V) -> (Out, Lse)``, online softmax over the row block's key tiles."""
+    sig = f"Q, K, V, {meta}Out, Lse, SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr"
+    body = (
+        _row_block_head("KV", load_q=True)
+        + [
+            "m_i = tl.full([BLOCK_M], float('-inf'), tl.float32)",
+            "l_i = tl.zeros([BLOCK_M], tl.float32)",
+            "acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)",
+        ]
+        + _segments_rowinfo(spec, True)
+        + _walk(
             spec,
-            "dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lb, Db, SCALE * LOG2E, {MASK})",
+            "acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q, Kb, Vb, SCALE * LOG2E, {MASK})",
             False,
         )
-        body = (
-            pro
-            + [
-                "b = pid_bh // HKV",
-                "hk = pid_bh % HKV",
-                "bk = b.to(tl.int64) * (KV_LEN * KV_ROW) + hk * D",
-                "k = _load_rows(K + bk, rows, valid, KV_ROW, False)",
-                "v = _load_rows(V + bk, rows, valid, KV_ROW, False)",
-                "dk = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)",
-                "dv = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)",
-            ]
-            + _segments_rowinfo(spec, True)
-            + [
-                "for g in range(0, GROUP):",
-                "    h = hk * GROUP + g",
-                "    Qb = Q + b.to(tl.int64) * (Q_LEN * Q_ROW) + h * D",
-                "    DOb = DO + b.to(tl.int64) * (Q_LEN * Q_ROW) + h * D",
-                "    Lb = Lse + (b * H + h).to(tl.int64) * Q_LEN",
-                "    Db = Delta + (b * H + h).to(tl.int64) * Q_LEN",
-            ]
-            + ["    " + x for x in walk]
-            + [
-                "dk = dk * SCALE",
-                "omask = valid[:, None] & (offs_d < D)[None, :]",
-                "tl.store(DK + bk + rows[:, None] * KV_ROW + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=omask)",
-                "tl.store(DV + bk + rows[:, None] * KV_ROW + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=omask)",
-            ]
+        + [
+            "# -- epilogue: normalise; fully masked rows give 0 and lse -inf",
+            "l_use = tl.where(l_i > 0, l_i, 1.0)",
+            "out = acc / l_use[:, None]",
+            "lse = tl.where(l_i > 0, (m_i + tl.math.log2(l_use)) * LN2, float('-inf'))",
+            "o_ptrs = Out + bq + rows[:, None] * Q_ROW + offs_d[None, :]",
+            "tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=valid[:, None] & (offs_d < D)[None, :])",
+            "tl.store(Lse + (b * H + h).to(tl.int64) * Q_LEN + rows, lse, mask=valid)",
+        ]
+    )
+    return sig, body
+
+
+def _bwd_dq(spec: KernelSpec, meta: str) -> tuple[str, list[str]]:
+    """Backward over query rows: ``dQ`` and ``Delta = rowsum(dO * O)`` (stored for the dk/dv kernel)."""
+    sig = f"Q, K, V, DO, Out, Lse, {meta}DQ, Delta, SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr"
+    body = (
+        _row_block_head("KV", load_q=True)
+        + [
+            "do = _load_rows(DO + bq, rows, valid, Q_ROW, False)",
+            "lrow = (b * H + h).to(tl.int64) * Q_LEN + rows",
+            "lse2 = tl.load(Lse + lrow, mask=valid, other=0.0) * LOG2E",
+            "# delta = rowsum(dO * O), computed once here and stored for the dk/dv kernel",
+            "o = _load_rows(Out + bq, rows, valid, Q_ROW, False)",
+            "delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)",
+            "tl.store(Delta + lrow, delta, mask=valid)",
+            "dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)",
+        ]
+        + _segments_rowinfo(spec, True)
+        + _walk(
+            spec,
+            "dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, SCALE * LOG2E, {MASK})",
+            False,
         )
-    elif op == "sddmm":
-        sig = f"Q, K, {meta}S, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr"
-        zero = []
-        for k, s in enumerate(spec.segments):
-            zero += [
-                f"for t0 in range(0, {s.width}, BLOCK_N):",
-                "    t = t0 + offs_n",
-                f"    z = valid[:, None] & (t[None, :] >= n{k}[:, None]) & (t[None, :] < {s.width})",
-                f"    tl.store(Srow[:, None] + {s.slot_offset} + t[None, :], tl.zeros([BLOCK_M, BLOCK_N], S.dtype.element_ty), mask=z)",
-            ]
-        body = (
-            pro
-            + _row_block_head("K", load_q=True)
-            + [
-                "Srow = S + ((b * H + h).to(tl.int64) * ROWS + rows) * NNZ",
-            ]
-            + _segments_rowinfo(spec, False)
-            + _walk(
-                spec,
-                "_sddmm_tile(q, Kb, Srow, valid, cols, keep, slot, IS_FULL={FULL}, STORE_ALL=False)",
-                True,
-                res_call="_sddmm_tile(q, Kb, Srow, valid, cols, keep, slot, IS_FULL={FULL}, STORE_ALL=True)",
-            )
-            + ["# -- padding slots: 0"]
-            + zero
+        + [
+            "dq = dq * SCALE",
+            "tl.store(DQ + bq + rows[:, None] * Q_ROW + offs_d[None, :], dq.to(DQ.dtype.element_ty),"
+            " mask=valid[:, None] & (offs_d < D)[None, :])",
+        ]
+    )
+    return sig, body
+
+
+def _bwd_dkdv(spec: KernelSpec, meta: str) -> tuple[str, list[str]]:
+    """Backward over key rows (the transposed layout): ``dK``, ``dV``, summed over the GQA group."""
+    sig = f"Q, K, V, DO, Lse, Delta, {meta}DK, DV, SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr"
+    walk = _walk(
+        spec,
+        "dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lb, Db, SCALE * LOG2E, {MASK})",
+        False,
+    )
+    body = (
+        [
+            "b = pid_bh // HKV",
+            "hk = pid_bh % HKV",
+            "bk = b.to(tl.int64) * (KV_LEN * KV_ROW) + hk * D",
+            "k = _load_rows(K + bk, rows, valid, KV_ROW, False)",
+            "v = _load_rows(V + bk, rows, valid, KV_ROW, False)",
+            "dk = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)",
+            "dv = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)",
+        ]
+        + _segments_rowinfo(spec, True)
+        + [
+            "for g in range(0, GROUP):",
+            "    h = hk * GROUP + g",
+            "    Qb = Q + b.to(tl.int64) * (Q_LEN * Q_ROW) + h * D",
+            "    DOb = DO + b.to(tl.int64) * (Q_LEN * Q_ROW) + h * D",
+            "    Lb = Lse + (b * H + h).to(tl.int64) * Q_LEN",
+            "    Db = Delta + (b * H + h).to(tl.int64) * Q_LEN",
+        ]
+        + ["    " + x for x in walk]
+        + [
+            "dk = dk * SCALE",
+            "omask = valid[:, None] & (offs_d < D)[None, :]",
+            "tl.store(DK + bk + rows[:, None] * KV_ROW + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=omask)",
+            "tl.store(DV + bk + rows[:, None] * KV_ROW + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=omask)",
+        ]
+    )
+    return sig, body
+
+
+def _sddmm(spec: KernelSpec, meta: str) -> tuple[str, list[str]]:
+    """Scores ``q . k`` at the mask's value slots; padding slots written 0."""
+    sig = f"Q, K, {meta}S, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr"
+    zero = []
+    for k, s in enumerate(spec.segments):
+        zero += [
+            f"for t0 in range(0, {s.width}, BLOCK_N):",
+            "    t = t0 + offs_n",
+            f"    z = valid[:, None] & (t[None, :] >= n{k}[:, None]) & (t[None, :] < {s.width})",
+            f"    tl.store(Srow[:, None] + {s.slot_offset} + t[None, :], tl.zeros([BLOCK_M, BLOCK_N], S.dtype.element_ty), mask=z)",
+        ]
+    body = (
+        _row_block_head("K", load_q=True)
+        + [
+            "Srow = S + ((b * H + h).to(tl.int64) * ROWS + rows) * NNZ",
+        ]
+        + _segments_rowinfo(spec, False)
+        + _walk(
+            spec,
+            "_sddmm_tile(q, Kb, Srow, valid, cols, keep, slot, IS_FULL={FULL}, STORE_ALL=False)",
+            True,
+            res_call="_sddmm_tile(q, Kb, Srow, valid, cols, keep, slot, IS_FULL={FULL}, STORE_ALL=True)",
         )
-    elif op == "spmm":
-        sig = f"P, V, {meta}Out, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr"
-        body = (
-            pro
-            + _row_block_head("V", load_q=False)
-            + [
-                "Prow = P + ((b * H + h).to(tl.int64) * ROWS + rows) * NNZ",
-                "acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)",
-            ]
-            + _segments_rowinfo(spec, False)
-            + _walk(spec, "acc = _spmm_tile(acc, Prow, Vb, cols, keep, slot, IS_FULL={FULL})", True)
-            + [
-                "tl.store(Out + bq + rows[:, None] * Q_ROW + offs_d[None, :], acc.to(Out.dtype.element_ty),"
-                " mask=valid[:, None] & (offs_d < D)[None, :])",
-            ]
-        )
-    elif op == "softmax":
-        sig = f"S, {meta}P, SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr"
-        passes = []
-        for phase in (1, 2):
-            for k, s in enumerate(spec.segments):
-                passes += [
-                    f"for t0 in range(0, {s.width}, BLOCK_N):",
-                    "    t = t0 + offs_n",
-                    f"    ok = valid[:, None] & (t[None, :] < n{k}[:, None])",
-                    f"    x = tl.load(Srow[:, None] + {s.slot_offset} + t[None, :], mask=ok, other=0.0).to(tl.float32) * (SCALE * LOG2E)",
-                    "    x = tl.where(ok, x, float('-inf'))",
-                ]
-                passes += _softmax_step(phase, f"{s.slot_offset} + t[None, :]", f"(t[None, :] < {s.width})")
-            if spec.residual is not None:
-                r = spec.residual
-                passes += [
-                    f"for j in range(0, {r.max_blocks}):",
-                    f"    bits = tl.load(ResBits + ((rb * {r.max_blocks} + j) * {r.block_q} + a0 + offs_m)[:, None] * {r.block_kv}"
-                    " + offs_r[None, :], mask=valid[:, None], other=0)",
-                    "    ok = (bits != 0) & valid[:, None]",
-                    f"    x = tl.load(Srow[:, None] + {r.slot_offset} + j * {r.block_kv} + offs_r[None, :], mask=ok, other=0.0).to(tl.float32) * (SCALE * LOG2E)",
-                    "    x = tl.where(ok, x, float('-inf'))",
-                ]
-                passes += _softmax_step(
-                    phase, f"{r.slot_offset} + j * {r.block_kv} + offs_r[None, :]", "(offs_r[None, :] >= 0)"
-                )
-            if phase == 1:
-                passes += [
-                    "m_use = tl.where(m_i == float('-inf'), 0.0, m_i)",
-                    "l_inv = tl.where(l_i > 0, 1.0 / tl.where(l_i > 0, l_i, 1.0), 0.0)",
-                ]
-        res = []
-        if spec.residual is not None:
-            r = spec.residual
-            res = [
-                f"rb = (pid_m * BLOCK_M) // {r.block_q}",
-                f"a0 = (pid_m * BLOCK_M) % {r.block_q}",
-                f"offs_r = tl.arange(0, {r.block_kv})",
-            ]
-        body = (
-            pro
-            + [
-                "b = pid_bh // H",
-                "h = pid_bh % H",
-                "Srow = S + ((b * H + h).to(tl.int64) * ROWS + rows) * NNZ",
-                "Prow = P + ((b * H + h).to(tl.int64) * ROWS + rows) * NNZ",
-                "m_i = tl.full([BLOCK_M], float('-inf'), tl.float32)",
-                "l_i = tl.zeros([BLOCK_M], tl.float32)",
-            ]
-            + res
-            + [x for k, s in enumerate(spec.segments) for x in _rowinfo(k, s)]
-            + passes
-        )
-    else:  # pragma: no cover
-        raise ValueError(op)
-    return f"\n\n@triton.jit\ndef kernel({sig}):\n" + _indent(body, 4) + "\n"
+        + ["# -- padding slots: 0"]
+        + zero
+    )
+    return sig, body
+
+
+def _spmm(spec: KernelSpec, meta: str) -> tuple[str, list[str]]:
+    """``P . V`` over the value slots: ``Out [B, Sq, H, D]``."""
+    sig = f"P, V, {meta}Out, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr"
+    body = (
+        _row_block_head("V", load_q=False)
+        + [
+            "Prow = P + ((b * H + h).to(tl.int64) * ROWS + rows) * NNZ",
+            "acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)",
+        ]
+        + _segments_rowinfo(spec, False)
+        + _walk(spec, "acc = _spmm_tile(acc, Prow, Vb, cols, keep, slot, IS_FULL={FULL})", True)
+        + [
+            "tl.store(Out + bq + rows[:, None] * Q_ROW + offs_d[None, :], acc.to(Out.dtype.element_ty),"
+            " mask=valid[:, None] & (offs_d < D)[None, :])",
+        ]
+    )
+    return sig, body
 
 
 def _softmax_step(phase: int, slot: str, in_width: str) -> list[str]:
@@ -605,7 +560,84 @@ def _softmax_step(phase: int, slot: str, in_width: str) -> list[str]:
     ]
 
 
+def _softmax(spec: KernelSpec, meta: str) -> tuple[str, list[str]]:
+    """Row softmax over the value slots, two passes (max and sum, then normalise and store)."""
+    sig = f"S, {meta}P, SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr"
+    passes = []
+    for phase in (1, 2):
+        for k, s in enumerate(spec.segments):
+            passes += [
+                f"for t0 in range(0, {s.width}, BLOCK_N):",
+                "    t = t0 + offs_n",
+                f"    ok = valid[:, None] & (t[None, :] < n{k}[:, None])",
+                f"    x = tl.load(Srow[:, None] + {s.slot_offset} + t[None, :], mask=ok, other=0.0).to(tl.float32) * (SCALE * LOG2E)",
+                "    x = tl.where(ok, x, float('-inf'))",
+            ]
+            passes += _softmax_step(phase, f"{s.slot_offset} + t[None, :]", f"(t[None, :] < {s.width})")
+        if spec.residual is not None:
+            r = spec.residual
+            passes += [
+                f"for j in range(0, {r.max_blocks}):",
+                f"    bits = tl.load(ResBits + ((rb * {r.max_blocks} + j) * {r.block_q} + a0 + offs_m)[:, None] * {r.block_kv}"
+                " + offs_r[None, :], mask=valid[:, None], other=0)",
+                "    ok = (bits != 0) & valid[:, None]",
+                f"    x = tl.load(Srow[:, None] + {r.slot_offset} + j * {r.block_kv} + offs_r[None, :], mask=ok, other=0.0).to(tl.float32) * (SCALE * LOG2E)",
+                "    x = tl.where(ok, x, float('-inf'))",
+            ]
+            passes += _softmax_step(
+                phase, f"{r.slot_offset} + j * {r.block_kv} + offs_r[None, :]", "(offs_r[None, :] >= 0)"
+            )
+        if phase == 1:
+            passes += [
+                "m_use = tl.where(m_i == float('-inf'), 0.0, m_i)",
+                "l_inv = tl.where(l_i > 0, 1.0 / tl.where(l_i > 0, l_i, 1.0), 0.0)",
+            ]
+    res = []
+    if spec.residual is not None:
+        r = spec.residual
+        res = [
+            f"rb = (pid_m * BLOCK_M) // {r.block_q}",
+            f"a0 = (pid_m * BLOCK_M) % {r.block_q}",
+            f"offs_r = tl.arange(0, {r.block_kv})",
+        ]
+    body = (
+        [
+            "b = pid_bh // H",
+            "h = pid_bh % H",
+            "Srow = S + ((b * H + h).to(tl.int64) * ROWS + rows) * NNZ",
+            "Prow = P + ((b * H + h).to(tl.int64) * ROWS + rows) * NNZ",
+            "m_i = tl.full([BLOCK_M], float('-inf'), tl.float32)",
+            "l_i = tl.zeros([BLOCK_M], tl.float32)",
+        ]
+        + res
+        + [x for k, s in enumerate(spec.segments) for x in _rowinfo(k, s)]
+        + passes
+    )
+    return sig, body
+
+
+# One renderer per op: (spec, metadata arguments "Base0, Cnt0, ...") -> (signature, body after the
+# shared prologue: row block, rows and validity, static asserts).
+_KERNELS = {
+    "fwd": _fwd,
+    "bwd_dq": _bwd_dq,
+    "bwd_dkdv": _bwd_dkdv,
+    "sddmm": _sddmm,
+    "spmm": _spmm,
+    "softmax": _softmax,
+}
+
+
+def _kernel(spec: KernelSpec) -> str:
+    meta = "".join(f"{m}, " for m in spec.meta_names())
+    sig, body = _KERNELS[spec.op](spec, meta)
+    body = _rows_prologue(spec) + _asserts(spec) + body
+    return f"\n\n@triton.jit\ndef kernel({sig}):\n" + _indent(body, 4) + "\n"
+
+
 def render(spec: KernelSpec) -> str:
     """Triton source text of ``spec``'s kernel (a module defining ``kernel``)."""
+    if spec.op not in _KERNELS:
+        raise ValueError(f"spec.op must be one of {tuple(_KERNELS)}, got {spec.op!r}")
     prec = '"ieee"' if spec.dtype == "float32" else '"tf32"'
     return _header(spec) + _TILES.replace("input_precision=PREC", f"input_precision={prec}") + _kernel(spec)
