@@ -74,13 +74,53 @@ def test_cache_dir_and_dump(tmp_path, monkeypatch, capsys):
 def test_bad_inputs_raise_clear_errors():
     lay = _window()
     with pytest.raises(ValueError, match="head dim"):
-        ops.fwd_call(lay, (1, 64, 2, 512), (1, 64, 2, 512), "float16", 0.1)
+        ops.fwd_call(lay, (1, 64, 2, 0), (1, 64, 2, 0), "float16", 0.1)
     with pytest.raises(TypeError, match="dtype"):
         ops.fwd_call(lay, (1, 64, 2, 64), (1, 64, 2, 64), "int8", 0.1)
     with pytest.raises(ValueError, match="divide"):
         ops.fwd_call(lay, (1, 64, 3, 64), (1, 64, 2, 64), "float16", 0.1)
     with pytest.raises(ValueError, match="layout is"):
         ops.fwd_call(lay, (1, 32, 2, 64), (1, 64, 2, 64), "float16", 0.1)
+
+
+def _with_residual(block):
+    lay = acsr.from_dense(np.random.default_rng(0).random((64, 64)) < 0.3, block=block)
+    assert lay.residual is not None
+    return lay
+
+
+def test_what_the_kernels_cannot_take_is_not_implemented():
+    lay = _window()
+    with pytest.raises(NotImplementedError, match="head dim D=512 > 256.*backend='jax'"):
+        ops.fwd_call(lay, (1, 64, 2, 512), (1, 64, 2, 512), "float16", 0.1)
+    with pytest.raises(NotImplementedError, match="block_kv=8"):
+        plan("fwd", _with_residual((16, 8)), dtype="float16", head_dim=64, num_heads=1, num_kv_heads=1)
+    with pytest.raises(NotImplementedError, match="block_q=24"):
+        plan("sddmm", _with_residual((24, 16)), dtype="float16", head_dim=64, num_heads=1, num_kv_heads=1)
+    p = plan("fwd", _with_residual((32, 16)), dtype="float16", head_dim=64, num_heads=1, num_kv_heads=1)
+    assert p.spec.residual is not None and p.spec.block_m == 32  # gcd(64, 32): inside one residual block
+
+
+def test_backend_passes_bad_arguments_on_and_only_unsupported_calls_fall_back(monkeypatch):
+    """The backend catches nothing: a planner ValueError reaches the caller (backend="auto" would
+    otherwise hide it behind a silent fallback); NotImplementedError is what falls back."""
+    jnp = pytest.importorskip("jax.numpy")
+    from test_compile_cache import _fake_jax_triton, _load_triton_backend
+
+    _fake_jax_triton(monkeypatch)
+    backend = _load_triton_backend("_splat_test_triton_backend_errors")
+    lay = _window()
+    q, k = jnp.zeros((1, 64, 3, 16), jnp.float16), jnp.zeros((1, 64, 2, 16), jnp.float16)
+    with pytest.raises(ValueError, match="divide") as bad:
+        backend.attention_fwd(q, k, k, lay, 0.1)
+    assert not isinstance(bad.value, NotImplementedError)
+    with pytest.raises(ValueError, match="layout is"):
+        backend.sddmm(jnp.zeros((1, 32, 2, 16), jnp.float16), k, lay)
+    with pytest.raises(ValueError, match="do not match"):
+        backend.softmax(jnp.zeros((1, 2, 64, 3), jnp.float16), lay, 0.1)
+    big = jnp.zeros((1, 64, 2, 512), jnp.float16)
+    with pytest.raises(NotImplementedError, match="head dim"):
+        backend.attention_fwd(big, big, big, lay, 0.1)
 
 
 def test_triton_backend_module_refuses_cpu_jax():

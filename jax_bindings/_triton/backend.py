@@ -11,6 +11,12 @@ goes in as extra operands, constants of the traced program.
 Importing this module needs ``triton`` and ``jax_triton`` and a CUDA JAX; it
 raises ImportError otherwise (the dispatcher then uses the ``"jax"`` backend).
 
+Nothing here catches planning errors: the planner (:func:`~jax_bindings._triton.spec.plan`)
+raises ``NotImplementedError`` for calls the kernels cannot take (head dim > 256,
+residual blocks they cannot tile), on which ``backend="auto"`` falls back to the
+``"jax"`` backend, and ``ValueError`` / ``TypeError`` for bad arguments, which
+reach the caller.
+
 Importing it also puts :class:`~jax_bindings._triton.cache.CompileCache` around
 jax-triton's compile step (see :func:`_install_compile_cache`): compiled kernels
 (PTX) are kept in ``<splat cache dir>/triton/`` and a new process reuses them;
@@ -202,17 +208,6 @@ def _install_module_images() -> bool:
 MODULE_IMAGES_INSTALLED = _install_module_images()
 
 
-class UnsupportedError(NotImplementedError, ValueError):
-    """This call (head dim, dtype, layout) has no Triton kernel; use backend="jax"."""
-
-
-def _supported(fn, *args, **kw) -> ops.Call:
-    try:
-        return fn(*args, **kw)
-    except (ValueError, TypeError) as e:
-        raise UnsupportedError(str(e)) from e
-
-
 def _run(call: ops.Call, *data) -> list[jax.Array]:
     out_shape = [jax.ShapeDtypeStruct(s, jnp.dtype(d)) for s, d in call.out]
     outs = _jt.triton_call(
@@ -254,7 +249,7 @@ def _transpose_values(vals: jax.Array, layout: ACSR) -> jax.Array:
 
 def attention_fwd(q, k, v, layout: ACSR, scale: float):
     """``(out [B, Sq, H, D], lse [B, H, Sq] float32)`` from the fused forward kernel."""
-    call = _supported(ops.fwd_call, layout, q.shape, k.shape, _dtype(q), scale)
+    call = ops.fwd_call(layout, q.shape, k.shape, _dtype(q), scale)
     out, lse = _run(call, q, k, v.astype(q.dtype))
     return out, lse
 
@@ -263,7 +258,7 @@ def attention_bwd(q, k, v, out, lse, dout, layout: ACSR, scale: float):
     """``(dq, dk, dv)`` from the fused backward kernels (dq over ``layout``, dk/dv over its transpose)."""
     dt = q.dtype
     kd, vd = k.dtype, v.dtype
-    cq, ck = _supported(ops.bwd_calls, layout, q.shape, k.shape, _dtype(q), scale)
+    cq, ck = ops.bwd_calls(layout, q.shape, k.shape, _dtype(q), scale)
     k, v, dout, lse = k.astype(dt), v.astype(dt), dout.astype(dt), lse.astype(jnp.float32)
     dq, delta = _run(cq, q, k, v, dout, out.astype(dt), lse)  # delta = rowsum(dout * out), in-kernel
     dk, dv = _run(ck, q, k, v, dout, lse, delta)
@@ -275,19 +270,19 @@ def attention_bwd(q, k, v, out, lse, dout, layout: ACSR, scale: float):
 
 def sddmm(q, k, layout: ACSR):
     """Scores ``[B, H, Sq, N]`` in q's dtype (no scale; padding 0)."""
-    (s,) = _run(_supported(ops.sddmm_call, layout, q.shape, k.shape, _dtype(q)), q, k.astype(q.dtype))
+    (s,) = _run(ops.sddmm_call(layout, q.shape, k.shape, _dtype(q)), q, k.astype(q.dtype))
     return s
 
 
 def softmax(scores, layout: ACSR, scale: float):
     """Row softmax of ``scale * scores`` over each row's valid slots."""
-    (p,) = _run(_supported(ops.softmax_call, layout, scores.shape, _dtype(scores), scale), scores)
+    (p,) = _run(ops.softmax_call(layout, scores.shape, _dtype(scores), scale), scores)
     return p
 
 
 def spmm(probs, v, layout: ACSR):
     """``probs . v`` -> ``[B, Sq, H, D]`` in v's dtype."""
-    (o,) = _run(_supported(ops.spmm_call, layout, probs.shape, v.shape, _dtype(v)), probs, v)
+    (o,) = _run(ops.spmm_call(layout, probs.shape, v.shape, _dtype(v)), probs, v)
     return o
 
 

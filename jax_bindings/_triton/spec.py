@@ -304,12 +304,33 @@ def _check_dtype(dtype) -> str:
     return name
 
 
-def check_head_dim(d: int) -> None:
-    if not isinstance(d, (int, np.integer)) or d < 1 or d > MAX_HEAD_DIM:
-        raise ValueError(
-            f"head dim D must be an int in [1, {MAX_HEAD_DIM}] for the Triton backend, got {d!r}; "
-            "use backend='jax' for larger heads"
+def _check_head_dim(d) -> int:
+    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
+        raise ValueError(f"head dim D must be a positive int, got {d!r}")
+    if d > MAX_HEAD_DIM:
+        raise NotImplementedError(
+            f"head dim D={d} > {MAX_HEAD_DIM} has no Triton kernel; use backend='jax' for larger heads"
         )
+    return int(d)
+
+
+def _check_residual(res: acsr.BlockResidual | None, block_m: int) -> int:
+    """The row-block height for a layout with residual ``res`` (a row block must sit in one residual
+    block); NotImplementedError for residual blocks the kernels cannot tile."""
+    if res is None:
+        return block_m
+    if res.block_kv < 16 or res.block_kv & (res.block_kv - 1):
+        raise NotImplementedError(
+            f"residual block_kv={res.block_kv} is not a power of two >= 16, which the Triton kernels "
+            "need; use backend='jax' or build the layout with such blocks"
+        )
+    block_m = math.gcd(block_m, res.block_q)
+    if block_m < 16:
+        raise NotImplementedError(
+            f"residual block_q={res.block_q} is not a multiple of 16, which the Triton kernels need; "
+            "use backend='jax' or build the layout with such blocks"
+        )
+    return block_m
 
 
 def plan(
@@ -324,6 +345,11 @@ def plan(
 ) -> Plan:
     """Builds the :class:`Plan` of ``op`` over ``layout``.
 
+    Raises ``NotImplementedError`` (the reason, and what to use instead) for what the
+    Triton kernels cannot take: head dims above :data:`MAX_HEAD_DIM`, residual blocks
+    they cannot tile. Bad arguments raise ``ValueError`` / ``TypeError``: the backend
+    passes both kinds on, and only the first lets ``backend="auto"`` fall back.
+
     Args:
       op: one of :data:`OPS`. For ``"bwd_dkdv"`` pass the transposed layout.
       layout: the ACSR layout the kernel walks.
@@ -336,11 +362,11 @@ def plan(
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
     dtype = _check_dtype(dtype)
-    check_head_dim(head_dim)
+    head_dim = _check_head_dim(head_dim)
     if num_kv_heads < 1 or num_heads % num_kv_heads:
         raise ValueError(f"key/value heads ({num_kv_heads}) must divide query heads ({num_heads})")
     tiles = None if tiles is None else Tiles.of(tiles)
-    return _plan_cached(op, layout, dtype, int(head_dim), int(num_heads), int(num_kv_heads), tiles)
+    return _plan_cached(op, layout, dtype, head_dim, int(num_heads), int(num_kv_heads), tiles)
 
 
 @functools.lru_cache(maxsize=256)
@@ -349,16 +375,7 @@ def _plan_cached(op, layout: ACSR, dtype, head_dim, num_heads, num_kv_heads, til
         tiles = tiles_for(op, layout, head_dim, dtype)
     bm, bn, warps, stages, loop = tiles
     res = layout.residual
-    if res is not None:
-        if res.block_kv < 16 or res.block_kv & (res.block_kv - 1):
-            raise ValueError(
-                f"residual block_kv must be a power of two >= 16 for the Triton backend, got {res.block_kv}"
-            )
-        bm = math.gcd(bm, res.block_q)
-        if bm < 16:
-            raise ValueError(
-                f"residual block_q must be a multiple of 16 for the Triton backend, got {res.block_q}"
-            )
+    bm = _check_residual(res, bm)
     walk = acsr.walk_plan(layout, bm, permute=op != "softmax", reorder=op != "softmax")
     offs = layout.slot_offsets
     segs, meta = [], []
