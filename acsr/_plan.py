@@ -122,7 +122,9 @@ def block_rows(q_len: int, block_m: int, perm: np.ndarray | None = None) -> np.n
 # -- key spans ------------------------------------------------------------------
 
 
-def key_spans(segment: Segment, rows: np.ndarray, *, compressed: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def key_spans(
+    segment: Segment, rows: np.ndarray, *, compressed: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
     """First key and key span of each row block over one segment.
 
     Args:

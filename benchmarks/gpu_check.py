@@ -367,6 +367,7 @@ def tune(out: dict, S: int = 16384) -> None:
     import torch
     import triton
 
+    from acsr import _plan
     from jax_bindings._triton import ops as cg
     from jax_bindings._triton import spec as _spec
     from jax_bindings._triton.launch import run_torch
@@ -442,9 +443,9 @@ def tune(out: dict, S: int = 16384) -> None:
     # global rows: heaviest row blocks first (ordered) vs natural launch order
     layout = pats["global4+window256"].to_acsr(S, S)
     flops = 4 * B * H * layout.nnz * D
-    for heavy in (_spec._HEAVY, float("inf")):
-        old = _spec._HEAVY
-        _spec._HEAVY = heavy
+    for heavy in (_plan.HEAVY_RATIO, float("inf")):
+        old = _plan.HEAVY_RATIO
+        _plan.HEAVY_RATIO = heavy
         _spec._plan_cached.cache_clear()
         try:
             c = cg.fwd_call(layout, q.shape, k.shape, "bfloat16", scale)
@@ -458,7 +459,7 @@ def tune(out: dict, S: int = 16384) -> None:
                 0.0,
             )
         finally:
-            _spec._HEAVY = old
+            _plan.HEAVY_RATIO = old
             _spec._plan_cached.cache_clear()
     _save(out)
 

@@ -120,7 +120,8 @@ PATCHES = {
     "dkdv_dotacc": p_dkdv_dotacc,
 }
 
-# (name, patches, tiles); tiles = (block_m, block_n, warps, stages, loop), see jax_bindings._triton.spec.Tiles.
+# (name, patches, tiles); tiles = (block_m, block_n, warps, stages, loop),
+# see jax_bindings._triton.spec.Tiles.
 # The first session's table (NOTES.md) also tried a warp-specialised full-tile loop
 # (`tl.range(..., warp_specialize=True)`: no gain, fails to compile at 64x64) and the
 # patches above (dotacc, vlate: within 1%); the run-time edge test ("rt") became loop="fused".

@@ -70,7 +70,7 @@ _COMPILE_ARGS = ["ttir", "backend", "options", "compute_capability", "platform"]
 
 
 def _install_compile_cache() -> bool:
-    """Wraps ``jax_triton.triton_lib.compile_ttir_inplace`` in a :class:`~jax_bindings._triton.cache.CompileCache`.
+    """Wraps ``jax_triton.triton_lib.compile_ttir_inplace`` in a :class:`.cache.CompileCache`.
 
     jax-triton 0.3.x compiles TTIR -> PTX in ``get_or_create_triton_kernel``,
     which calls the module-level ``compile_ttir_inplace(ttir, backend, options,
