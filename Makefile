@@ -20,6 +20,8 @@ venv: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@# the distribution was called "splat" before (a name taken on the package index): drop that install
+	@$(PY) -m pip uninstall -q -y splat >/dev/null 2>&1 || true
 	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
 	@if nvidia-smi >/dev/null 2>&1; then \
 		echo "nvidia-smi works: installing the CUDA extra"; \

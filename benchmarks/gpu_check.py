@@ -63,7 +63,7 @@ def patterns():
         (
             "sink4+causal1024",
             masks.sink(4) | masks.sliding_window(1023, 0),
-            lambda q, k: (k < 4) | ((k <= q) & (q - k <= 1023)),
+            lambda q, k: (k <= q) & ((k < 4) | (q - k <= 1023)),
         ),
     ]
 

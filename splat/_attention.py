@@ -78,13 +78,25 @@ def _layout(mask, q_len: int, kv_len: int) -> ACSR:
 
     if isinstance(mask, jax.core.Tracer):
         raise TypeError(
-            "mask is a traced jax value; splat needs the mask at trace time. Build it from "
-            "splat.masks, a numpy array, or a jax array computed outside jit"
+            "mask is a traced jax value: splat needs the mask when the function is traced, not at run "
+            "time. A mask built inside the model from index comparisons (jnp.arange(S)[:, None] >= "
+            "jnp.arange(S)[None, :], ...): decorate the model's attention with @splat.sparsify, which "
+            "finds such masks at trace time. Otherwise pass a splat.masks constructor (masks.causal(), "
+            "masks.sliding_window(...), ...), a numpy array, or a jax array computed outside jit. Masks "
+            "that depend on the data (padding lengths, packed documents) are not supported"
         )
     if hasattr(mask, "shape") and hasattr(mask, "dtype") and not isinstance(mask, ACSR):
         if np.dtype(mask.dtype) != np.bool_:
             raise TypeError(f"mask array must be boolean, got dtype {mask.dtype}")
         shape = tuple(mask.shape)
+        if len(shape) > 2 and shape[-2:] == (q_len, kv_len) and any(n != 1 for n in shape[:-2]):
+            raise ValueError(
+                f"mask array has shape {shape}: per-head and per-batch masks are not supported; splat "
+                f"takes one mask [q_len, kv_len] = [{q_len}, {kv_len}] shared by all heads and batch rows "
+                "(leading axes of size 1 allowed). If every head and batch row has the same mask, pass "
+                "one [q_len, kv_len] slice of it (mask[0, 0] of [B, H, S, S]); otherwise call "
+                "splat.attention once per group of heads that share a mask"
+            )
         core = shape[-2:] if len(shape) >= 2 and all(n == 1 for n in shape[:-2]) else None
         if core != (q_len, kv_len):
             raise ValueError(

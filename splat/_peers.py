@@ -354,6 +354,8 @@ def mask_expression(mask) -> Callable | None:
         return lambda q, kv: (q < n) | (kv < n)
     if isinstance(mask, M.Sink):
         n = mask.n
+        if mask.causal:
+            return lambda q, kv: (kv < n) & (kv <= q)
         return lambda q, kv: (kv < n) & (q >= 0)
     if isinstance(mask, (M.Union, M.Intersection)):
         a, b = mask_expression(mask.a), mask_expression(mask.b)

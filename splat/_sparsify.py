@@ -1279,7 +1279,7 @@ class _Recogniser:
             if n is None:
                 raise _Opaque
             if n < self.kv_len:
-                parts.append(m.sink(n))
+                parts.append(m.sink(n, causal=False))
         if "d" in sets:
             if not sets["d"].any():
                 return None
@@ -1301,7 +1301,7 @@ class _Recogniser:
         if nr:
             parts.append(m.global_tokens(nr))
         if nc > nr:
-            parts.append(m.sink(nc))
+            parts.append(m.sink(nc, causal=False))
         if "d" in sets and sets["d"].any():
             parts.append(self.d_mask(sets["d"]))
         return self._combine(parts, "or")

@@ -251,21 +251,32 @@ class GlobalTokens(Mask):
 
 @dataclass(frozen=True)
 class Sink(Mask):
-    """Every query attends to the first ``n`` keys (attention sinks)."""
+    """Attention sinks: keys ``j < n``; with ``causal`` (the default) only those with ``j <= i``.
+
+    ``causal=False`` lets every row see all ``n`` sink keys, also rows ``i < n - 1``
+    that come before some of them (for bidirectional models).
+    """
 
     n: int
+    causal: bool = True
 
     def __post_init__(self):
         _int_arg("n", self.n, 1)
+        if not isinstance(self.causal, (bool, np.bool_)):
+            raise TypeError(f"causal must be a bool, got {type(self.causal).__name__} {self.causal!r}")
+        object.__setattr__(self, "causal", bool(self.causal))
 
     def __call__(self, q_idx, kv_idx):
-        return np.broadcast_to(
-            np.asarray(kv_idx) < self.n, np.broadcast_shapes(np.shape(q_idx), np.shape(kv_idx))
-        )
+        kv = np.asarray(kv_idx)
+        keep = kv < self.n
+        if self.causal:
+            keep = keep & (kv <= np.asarray(q_idx))
+        return np.broadcast_to(keep, np.broadcast_shapes(np.shape(q_idx), np.shape(kv_idx)))
 
     def _runs(self, q_len, kv_len):
         r = np.arange(q_len)
-        return _interval(0 * r, 0 * r + min(self.n, kv_len))
+        hi = 0 * r + min(self.n, kv_len)
+        return _interval(0 * r, np.minimum(hi, r + 1) if self.causal else hi)
 
 
 # --- combinators -----------------------------------------------------------------
@@ -450,9 +461,25 @@ def global_tokens(n: int) -> Mask:
     return GlobalTokens(n)
 
 
-def sink(n: int) -> Mask:
-    """Attention sinks: every row sees the first ``n`` keys."""
-    return Sink(n)
+def sink(n: int, causal: bool = True) -> Mask:
+    """Attention sinks (StreamingLLM): the first ``n`` keys, seen by every later row.
+
+    Causal by default: row ``i`` sees sink key ``j < n`` only when ``j <= i``, so
+    ``sink(4) | sliding_window(1023, 0)`` never looks ahead, also in rows 0-2.
+    ``causal=False`` is the bidirectional form: every row sees all ``n`` keys
+    (``j < n``), as in an encoder.
+
+    Example:
+      >>> from splat import masks
+      >>> masks.sink(2).to_acsr(4, 4).to_dense().astype(int)
+      array([[1, 0, 0, 0],
+             [1, 1, 0, 0],
+             [1, 1, 0, 0],
+             [1, 1, 0, 0]])
+      >>> int(masks.sink(2, causal=False).to_acsr(4, 4).nnz)
+      8
+    """
+    return Sink(n, causal)
 
 
 def from_array(array) -> Mask:

@@ -20,6 +20,11 @@ UNIONS = {
     for a, b in itertools.combinations(["sliding_window", "dilated_window", "strided", "block_local"], 2)
 }
 UNIONS["sink|strided|causal_window"] = masks.sink(2) | masks.strided(16) | masks.sliding_window(5, 0)
+UNIONS["bidirectional_sink|causal_window"] = masks.sink(3, causal=False) | masks.sliding_window(5, 0)
+UNIONS["bidirectional_sink|strided|window"] = (
+    masks.sink(2, causal=False) | masks.strided(16) | masks.sliding_window(4, 4)
+)
+UNIONS["causal_sink|window"] = masks.sink(4) | masks.sliding_window(6, 6)
 UNIONS["global|block_local|dilated"] = (
     masks.global_tokens(2) | masks.block_local(16) | masks.dilated_window(30, 4)
 )
@@ -58,7 +63,7 @@ def test_layouts_pass_through_with_a_size_check():
 def test_report_names_family_segments_and_empty_rows():
     rep = splat.report(masks.sink(2) | masks.sliding_window(7, 0), q_len=64)
     text = rep.to_string()
-    assert "Sink(n=2)" in rep.family and len(rep.segments) == 2
+    assert "Sink(n=2, causal=True)" in rep.family and len(rep.segments) == 2
     assert all(s.closed_form for s in rep.segments)
     assert "segment 1" in text and "closed form: rows" in text
     m = np.tril(np.ones((32, 32), bool))

@@ -417,6 +417,24 @@ def _bad_attention_cases():
         "mixed": ((q, k.astype(jnp.bfloat16), v), {}, TypeError, "must share one dtype"),
         "mask size": ((q, k, v, np.ones((S, S + 1), bool)), {}, ValueError, r"mask array must have shape"),
         "mask dtype": ((q, k, v, np.ones((S, S), np.int32)), {}, TypeError, "mask array must be boolean"),
+        "mask per head": (
+            (q, k, v, np.ones((1, H, S, S), bool)),
+            {},
+            ValueError,
+            "(1, 4, 24, 24): per-head and per-batch masks are not supported",
+        ),
+        "mask per batch": (
+            (q, k, v, np.ones((3, 1, S, S), bool)),
+            {},
+            ValueError,
+            "one mask [q_len, kv_len] = [24, 24] shared by all heads and batch rows",
+        ),
+        "mask 3-D wrong size": (
+            (q, k, v, np.ones((2, S, S + 1), bool)),
+            {},
+            ValueError,
+            "mask array must have shape (q_len, kv_len) = (24, 24)",
+        ),
         "mask layout size": ((q, k, v, causal.to_acsr(S, S + 2)), {}, ValueError, "mask layout is 24 x 26"),
         "mask kind": ((q, k, v, "causal"), {}, TypeError, "mask must be"),
         "backend": ((q, k, v), {"backend": "cuda"}, ValueError, "backend must be one of"),
@@ -443,8 +461,10 @@ def test_attention_validation(case):
 def test_traced_mask_and_scale_are_rejected():
     q, k, v = _qkv()
     m = jnp.ones((S, S), bool)
-    with pytest.raises(TypeError, match="mask is a traced jax value"):
+    with pytest.raises(TypeError, match="mask is a traced jax value") as e:
         jax.jit(lambda q, k, v, m: api.attention(q, k, v, m))(q, k, v, m)
+    for advice in ("@splat.sparsify", "index comparisons", "splat.masks constructor", "numpy array"):
+        assert advice in str(e.value), advice
     with pytest.raises(TypeError, match="scale must be a static Python number"):
         jax.jit(lambda q, k, v, s: api.attention(q, k, v, scale=s))(q, k, v, 0.1)
 

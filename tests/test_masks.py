@@ -25,7 +25,7 @@ def _reference(name, i, j):
         "block_local": (j // 16 <= i // 16) & (j // 16 >= i // 16 - 1),
         "strided": (d >= 0) & (d % 8 == 0),
         "global_window": (np.abs(d) <= 9) | (i < 3) | (j < 3),
-        "sink_causal_window": ((d >= 0) & (d <= 23)) | (j < 2),
+        "sink_causal_window": ((d >= 0) & (d <= 23)) | ((j < 2) & (j <= i)),
         "strided_local": ((d >= 0) & (d % 8 == 0)) | ((d >= 0) & (d <= 7)),
     }[name]
 
@@ -87,6 +87,8 @@ def test_union_keeps_global_columns_and_window_as_separate_segments():
         masks.strided(5) | masks.dilated_window(9, 3),
         masks.block_local(8) & masks.causal(),
         (masks.sink(3) | masks.strided(7)) & masks.sliding_window(40, 0),
+        masks.sink(5, causal=False) | masks.strided(4),
+        masks.sink(6) & masks.sliding_window(2, 3),
         masks.from_fn(lambda i, j: (i + j) % 5 == 0) | masks.causal(),
     ],
     ids=repr,
@@ -103,6 +105,35 @@ def test_masks_are_values():
     assert masks.sliding_window(4).to_acsr(50) is masks.sliding_window(4).to_acsr(50, 50)
     a = np.eye(5, dtype=bool)
     assert masks.from_array(a) == masks.from_array(a.copy())
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_sinks_are_causal_unless_asked(shape):
+    i, j = _grid(*shape)
+    np.testing.assert_array_equal(masks.sink(4).to_acsr(*shape).to_dense(), (j < 4) & (j <= i))
+    np.testing.assert_array_equal(
+        masks.sink(4, causal=False).to_acsr(*shape).to_dense(), np.broadcast_to(j < 4, (shape[0], shape[1]))
+    )
+
+
+def test_streaming_llm_mask_never_looks_ahead():
+    """The README's StreamingLLM mask: sinks + causal window, no key after the query in any row."""
+    m = masks.sink(4) | masks.sliding_window(63, 0)
+    i, j = _grid(200, 200)
+    dense = m.to_acsr(200, 200).to_dense()
+    assert not (dense & (j > i)).any()
+    np.testing.assert_array_equal(dense, (j <= i) & ((j < 4) | (i - j <= 63)))
+    # the bidirectional form does look ahead, in rows 0..2 only
+    ahead = (masks.sink(4, causal=False) | masks.sliding_window(63, 0)).to_acsr(200, 200).to_dense() & (j > i)
+    assert sorted(set(np.nonzero(ahead)[0])) == [0, 1, 2]
+
+
+def test_sink_causality_is_part_of_the_value():
+    assert masks.sink(3) == masks.sink(3, causal=True) == masks.sink(3, True)
+    assert masks.sink(3) != masks.sink(3, causal=False)
+    assert hash(masks.sink(3, causal=False)) == hash(masks.sink(3, causal=False))
+    assert len({masks.sink(3), masks.sink(3, causal=False), masks.sink(3, np.True_)}) == 2
+    assert masks.sink(3).to_acsr(10) != masks.sink(3, causal=False).to_acsr(10)
 
 
 def test_from_fn_evaluates_in_row_chunks(monkeypatch):
@@ -130,6 +161,7 @@ def test_from_fn_evaluates_in_row_chunks(monkeypatch):
         (lambda: masks.block_local(0), ValueError, "block must be >= 1"),
         (lambda: masks.global_tokens(0), ValueError, "n must be >= 1"),
         (lambda: masks.sink(True), TypeError, "n must be an int"),
+        (lambda: masks.sink(2, causal=1), TypeError, "causal must be a bool"),
         (lambda: masks.from_array(np.ones((3, 3))), TypeError, "boolean"),
         (lambda: masks.from_array(np.ones((2, 3, 3), bool)), ValueError, "2-D"),
         (lambda: masks.from_fn(3), TypeError, "callable"),
