@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jex_core
 
-from splat import masks
+from splat import _attention, masks
 from splat._analyzer import analyze
 from splat._sparsify.ir import IR, Node, build_ir
 from splat._sparsify.numeric import NEG_THRESHOLD, NotSparsifiable, Slices, kept
@@ -332,15 +332,14 @@ def match_pv(ir: IR, sl: Slices, pv: Node, backend: str, empty_rows: str = "fall
         return x
 
     def run(qv, kv_arr, vv):
-        from splat._attention import attention
-
         b = math.prod(sizes[lab] for lab in batch)
         qs = arrange(qv, q_lab, batch + [t] + heads + group, "d").reshape(b, q_len, n_heads * n_group, -1)
         ks = arrange(kv_arr, k_lab, batch + [kv] + heads, "d").reshape(b, kv_len, n_heads, -1)
         vs = arrange(vv, v_lab, batch + [kv] + heads, "e")
         vs = jnp.broadcast_to(vs, [sizes[lab] for lab in batch + [kv] + heads] + [sizes["e"]])
         vs = vs.reshape(b, kv_len, n_heads, -1)
-        o = attention(qs, ks, vs, mask=mask, scale=scale, backend=backend)
+        qs, ks, vs, s = _attention._check_qkv(qs, ks, vs, scale)
+        o = _attention._attend(qs, ks, vs, layout, s, backend)  # the layout analysed above, not again
         order = batch + [t] + heads + group + ["e"]
         o = o.reshape([sizes[lab] for lab in order])
         return jnp.transpose(o, [order.index(lab) for lab in out_labels]).astype(out_dtype)
