@@ -163,6 +163,12 @@ def attention(
       (1, 128, 4, 32)
     """
     _dispatch.check_backend(backend)
+    q, k, v, s = _check_qkv(query, key, value, scale)
+    return _attend(q, k, v, _layout(mask, q.shape[1], k.shape[1]), s, backend)
+
+
+def _check_qkv(query, key, value, scale) -> tuple[jax.Array, jax.Array, jax.Array, float]:
+    """:func:`attention`'s checks of ``query, key, value`` and ``scale``: jax arrays and a float scale."""
     names = ("query", "key", "value")
     q, k, v = (_array(n, x, "[B, S, H, D]", 4) for n, x in zip(names, (query, key, value), strict=True))
     _same_dtype(names, (q, k, v))
@@ -172,8 +178,16 @@ def attention(
         )
     _check_qk("query", q, "key", k)
     s = _check_scale(scale, 1.0 / math.sqrt(q.shape[3]))
-    layout = _layout(mask, q.shape[1], k.shape[1])
-    return _dispatch.attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), layout, s, backend)
+    return jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), s
+
+
+def _attend(q: jax.Array, k: jax.Array, v: jax.Array, layout: ACSR, scale: float, backend: str) -> jax.Array:
+    """:func:`attention` past its checks (the internal entry point; it checks nothing).
+
+    For callers that ran them once already: ``q, k, v, scale`` from :func:`_check_qkv`, ``layout``
+    of shape ``(Sq, Skv)`` from the analyzer, ``backend`` validated when the caller was built.
+    """
+    return _dispatch.attention(q, k, v, layout, scale, backend)
 
 
 def sddmm(q: jax.Array, k: jax.Array, layout: ACSR, *, backend: str = "auto") -> jax.Array:

@@ -17,8 +17,6 @@ Example:
 
 from __future__ import annotations
 
-import math
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -46,16 +44,14 @@ def attention_fn(mask: Any = None, backend: str = "auto", *, fallback: bool = Fa
       ``query: [batch..., q_len, heads, head_dim]``, ``key``/``value``:
       ``[batch..., kv_len, kv_heads, head_dim]``; returns
       ``[batch..., q_len, heads, head_dim]``. Call-time ``mask`` and
-      ``is_causal`` are intersected with ``mask``. A query row left with no
-      key outputs 0 (flax's dense attention would give mean(V) there).
+      ``is_causal`` are intersected with ``mask``; further keywords are
+      honoured or refused as :mod:`splat._call_args` lists. A query row left
+      with no key outputs 0 (flax's dense attention would give mean(V) there).
     """
-    from splat._decorator import _as_base_mask, _Unsupported, combine_call_masks, mask_from_array
+    from splat._call_args import CallChecker
 
-    if backend not in ("auto", "jax", "triton"):
-        raise ValueError(f'backend must be "auto", "jax" or "triton", got {backend!r}')
-    base = _as_base_mask(mask)
-    base_array = mask if base is None and mask is not None else None
-    warned: set = set()
+    dense_name = "flax.nnx.dot_product_attention"
+    checker = CallChecker("splat.flax.attention_fn", mask, backend, fallback=fallback, dense_name=dense_name)
 
     def fn(
         query,
@@ -72,46 +68,9 @@ def attention_fn(mask: Any = None, backend: str = "auto", *, fallback: bool = Fa
         module=None,
         promote_dtype=None,
         is_causal: bool = False,
-        **unused,
+        **extra,
     ):
-        problems = []
-        if bias is not None:
-            problems.append("`bias` (an additive bias) is not supported by splat")
-        if dropout_rate and not deterministic:
-            problems.append(
-                f"dropout (`dropout_rate`={dropout_rate}, deterministic=False) is not supported by splat"
-            )
-        if module is not None:
-            problems.append("`module` (sow_weights=True) needs the dense attention weights")
-        if query.ndim < 3:
-            raise ValueError(f"query must be [batch..., q_len, heads, head_dim], got shape {query.shape}")
-        q_len, kv_len = query.shape[-3], key.shape[-3]
-        m = None
-        if not problems:
-            try:
-                b = (
-                    base
-                    if base_array is None
-                    else mask_from_array(base_array, q_len, kv_len, "attention_fn(mask=)")
-                )
-                if mask is not None:  # flax masks are [batch..., heads, q, kv]; fold batch axes
-                    mask = mask.reshape((-1,) + tuple(mask.shape[-3:])) if mask.ndim > 4 else mask
-                    if not hasattr(mask, "dtype") or mask.dtype != bool:
-                        mask = mask.astype(bool)
-                m = combine_call_masks(b, q_len, kv_len, mask=mask, is_causal=is_causal)
-            except _Unsupported as e:
-                problems.append(str(e))
-        if problems:
-            msg = "; ".join(problems)
-            if not fallback:
-                raise ValueError(
-                    f"splat.flax.attention_fn: {msg}. Pass fallback=True to run dense attention instead"
-                )
-            if msg not in warned:
-                warned.add(msg)
-                warnings.warn(
-                    f"splat.flax.attention_fn: {msg}; running flax.nnx.dot_product_attention", stacklevel=2
-                )
+        def dense():
             import flax.nnx as nnx
 
             kw = {} if promote_dtype is None else {"promote_dtype": promote_dtype}
@@ -119,24 +78,26 @@ def attention_fn(mask: Any = None, backend: str = "auto", *, fallback: bool = Fa
                 query, key, value, bias, mask, broadcast_dropout, dropout_rng, dropout_rate,
                 deterministic, dtype, precision, module, is_causal=is_causal, **kw,
             )  # fmt: skip
-        from splat._attention import attention
 
-        if dtype is not None:
-            query, key, value = query.astype(dtype), key.astype(dtype), value.astype(dtype)
-        else:
-            dt = query.dtype if query.dtype == key.dtype == value.dtype else None
-            if dt is None:
-                import jax.numpy as jnp
+        call_mask = mask
+        if call_mask is not None and getattr(call_mask, "dtype", None) != bool:
+            call_mask = call_mask.astype(bool)  # flax masks may be 0/1 floats: nonzero attends
+        call_dtype = dtype
+        if call_dtype is None and not (query.dtype == key.dtype == value.dtype):
+            import jax.numpy as jnp
 
-                dt = jnp.result_type(query, key, value)
-                query, key, value = query.astype(dt), key.astype(dt), value.astype(dt)
-        batch = query.shape[:-3]
-        b = math.prod(batch)
-        q4 = query.reshape((b,) + query.shape[-3:])
-        k4 = key.reshape((b,) + key.shape[-3:])
-        v4 = value.reshape((b,) + value.shape[-3:])
-        out = attention(q4, k4, v4, mask=m, backend=backend)
-        return out.reshape(batch + out.shape[1:])
+            call_dtype = jnp.result_type(query, key, value)  # flax promotes q, k, v to one dtype
+        call = dict(
+            bias=bias,
+            mask=call_mask,
+            dropout_rate=dropout_rate,
+            deterministic=deterministic,
+            dtype=call_dtype,
+            module=module,
+            is_causal=is_causal,
+            **extra,
+        )
+        return checker(query, key, value, call, dict.fromkeys(extra), dense)
 
     fn.splat_mask = mask
     return fn

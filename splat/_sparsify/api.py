@@ -1,0 +1,252 @@
+"""Trace-time mask detection: ``splat.sparsify`` finds dense attention in a jaxpr.
+
+How it works (the *recognisable subgraph* approach; nothing is monkey-patched):
+
+1. When the wrapped function is called, it is traced with ``jax.make_jaxpr`` on
+   the abstract shapes of its array arguments (cached per function and shapes).
+   Nested ``jit`` calls are inlined into one flat list of equations, so
+   ``jax.nn.dot_product_attention``, ``flax.nnx.dot_product_attention`` (which
+   calls it) and hand-written einsum/matmul attention all look alike.
+2. Every ``dot_general`` whose operand is a softmax (``exp(x - max) / sum``, or
+   a ``custom_jvp`` softmax) is a candidate ``P @ V``. From the softmax input we
+   walk back to the ``Q @ K^T`` ``dot_general`` through converts, transposes,
+   scalar ``mul``/``div`` (the scale), ``select_n`` against a large negative
+   fill (``jnp.where(mask, s, -inf)``) and ``add`` of a 0/-inf bias.
+3. Each mask operand must be a compile-time constant: its backward slice may
+   only reach literals, closed-over constants and ``iota``. A symbolic pass
+   (``symbolic.recognise``) first tries to name it with splat's constructors: indices
+   are affine forms in the query index i and key index j; sub-expressions that
+   depend on (i, j) only through i, j or d = i - j are evaluated exactly on
+   O(q_len + kv_len) samples, and and/or/not of them are matched to
+   ``causal``, ``sliding_window``, ``strided``, ``dilated_window``, ``sink``,
+   ``global_tokens`` and their ``&``/``|`` (every candidate is checked against
+   the samples, so a recognised mask is exact). Their layouts cost O(S), not
+   O(S^2). Anything else becomes an exact ``splat.masks.from_fn`` predicate
+   evaluated by *index-space evaluation*: the slice is evaluated at the
+   requested index arrays only (``iota`` reads the index of its dimension,
+   ``broadcast_in_dim``/``transpose``/``reshape`` map indices, constants are
+   gathered), in row chunks, so S x S is never materialised at once. Equal
+   slices share one Mask value (a 12-layer model analyses each distinct mask
+   once).
+4. The jaxpr is re-evaluated with each matched ``P @ V`` replaced by
+   ``splat.attention`` on the matched Q, K, V (rearranged to ``[B, S, H, D]``,
+   grouped-query heads kept). Everything else, including any other use of the
+   scores, runs as traced, so ``jit``, ``vmap`` and ``grad`` work as usual.
+
+Where nothing is found, or a mask depends on the inputs, the original function
+runs and a :class:`SparsifyWarning` says why (once per reason).
+
+Fully masked rows: splat outputs 0 on a query row with no key, where dense
+attention outputs mean(V) (finite fill such as -1e9 or ``finfo.min``) or NaN
+(-inf fill or bias). So that results never change silently, an attention whose
+detected mask has such rows stays dense (with a one-time warning) unless the
+caller passes ``empty_rows="zero"``.
+
+Modules, each one concern: ``ir`` (the flat IR and its re-evaluation), ``indexing`` (index
+remapping through shape ops), ``numeric`` (values of constant slices at index arrays),
+``symbolic`` (iota-comparison masks -> constructors), ``matcher`` (the attention pattern and the
+replacement call) and ``api`` (this decorator, its cache and its warnings).
+
+Limits: masks that vary across batch or heads, non-0/-inf additive biases,
+logit soft-capping, dropout on the probabilities, and the cuDNN
+``implementation="cudnn"`` path (a custom call that hides its mask) are not
+detected.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_bindings import check_backend
+from splat._sparsify.ir import IR, build_ir, run_ir
+from splat._sparsify.matcher import Found, Match, match_pv
+from splat._sparsify.numeric import NotSparsifiable, Slices
+
+__all__ = ["Found", "SparsifyWarning", "sparsify"]
+
+
+class SparsifyWarning(UserWarning):
+    """splat.sparsify could not (fully) replace dense attention; says why."""
+
+
+@dataclass
+class _Plan:
+    ir: IR | None
+    matches: list[Match]
+    problems: list[str]
+    out_tree: Any
+    cacheable: bool
+
+
+def _is_static(x) -> bool:
+    if isinstance(x, jax.core.Tracer):
+        return False
+    if isinstance(x, (np.ndarray, jax.Array)):
+        return x.dtype == np.bool_
+    return not hasattr(x, "shape")
+
+
+def _static_key(x):
+    if isinstance(x, (np.ndarray, jax.Array)):
+        a = np.asarray(x)
+        return ("bool", a.shape, hashlib.blake2b(np.packbits(a).tobytes(), digest_size=16).hexdigest())
+    try:
+        hash(x)
+        return x
+    except TypeError:
+        return ("id", id(x))
+
+
+def _analyse(fn, args, kwargs, backend: str, empty_rows: str = "fallback") -> tuple[_Plan, list, Any]:
+    leaves, treedef = jax.tree.flatten((args, kwargs))
+    static = [_is_static(x) for x in leaves]
+    dyn = [x for x, s in zip(leaves, static, strict=False) if not s]
+
+    def flat_fn(*dyn_vals):
+        it = iter(dyn_vals)
+        full = [x if s else next(it) for x, s in zip(leaves, static, strict=False)]
+        a, kw = jax.tree.unflatten(treedef, full)
+        return fn(*a, **kw)
+
+    specs = [jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x), weak_type=_weak(x)) for x in dyn]
+    closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*specs)
+    out_tree = jax.tree.structure(out_shape)
+    ir = build_ir(closed)
+    sl = Slices(ir)
+    matches, problems = [], []
+    for node in ir.nodes:
+        if node.prim.name != "dot_general":
+            continue
+        try:
+            m = match_pv(ir, sl, node, backend, empty_rows)
+        except NotSparsifiable as e:
+            problems.append(str(e))
+            continue
+        if m is not None:
+            matches.append(m)
+    cacheable = not any(isinstance(c, jax.core.Tracer) for c in ir.consts.values())
+    return _Plan(ir, matches, problems, out_tree, cacheable), dyn, treedef
+
+
+def _weak(x) -> bool:
+    try:
+        return bool(jax.typeof(x).weak_type)
+    except Exception:
+        return isinstance(x, (int, float, complex))
+
+
+def sparsify(
+    fn: Callable | None = None, *, backend: str = "auto", fallback: bool = True, empty_rows: str = "fallback"
+) -> Callable:
+    """Run the dense attention inside ``fn`` through splat, with the mask found at trace time.
+
+    ``fn`` is traced on its arguments' shapes; every ``softmax(q k^T * scale
+    masked) @ v`` (einsum or matmul form, ``jax.nn.dot_product_attention``,
+    ``flax.nnx.dot_product_attention``) whose mask is a compile-time constant
+    (built from ``jnp.arange``/iota comparisons or constant arrays) is replaced
+    by :func:`splat.attention` with that mask. Masks made of iota comparisons
+    (bands, causal, sinks, global tokens, strided/dilated, and ``&``/``|`` of
+    those) are recognised as splat's constructors in O(S); other constant masks
+    become an exact predicate evaluated in row chunks. Nothing S x S is
+    materialised. Detection is cached per function and argument shapes; equal
+    masks (e.g. across layers) are analysed once. Works under ``jit``, ``vmap``
+    and ``grad``.
+
+    Args:
+      fn: the function; its array arguments may be any pytree. Python scalars
+        and concrete boolean arrays among the arguments are treated as static.
+      backend: passed to :func:`splat.attention` ("auto" | "jax" | "triton").
+      fallback: when no attention can be replaced (none found, or its mask
+        depends on the inputs), True runs ``fn`` unchanged and emits a
+        :class:`SparsifyWarning` once per reason; False raises ``ValueError``.
+      empty_rows: what to do when a detected mask leaves some query row with no
+        key. splat outputs 0 on such a row, while the dense function outputs
+        mean(V) (finite fill) or NaN (-inf). "fallback" (default) keeps that
+        attention dense and warns once, so results never change silently;
+        "zero" accepts splat's zeros (and zero gradients) on those rows.
+
+    Returns:
+      A function with ``fn``'s signature. Its ``.inspect(*args, **kwargs)``
+      returns the list of :class:`Found` attentions (mask, lengths, scale)
+      and ``.problems(*args, **kwargs)`` the reasons for those left dense.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, splat
+      >>> @splat.sparsify
+      ... def attn(q, k, v):
+      ...     i = jnp.arange(q.shape[1])
+      ...     mask = (i[:, None] >= i[None, :]) & (i[:, None] - i[None, :] < 4)
+      ...     return jax.nn.dot_product_attention(q, k, v, mask=mask[None, None])
+      >>> q = jax.random.normal(jax.random.key(0), (1, 32, 2, 8))
+      >>> attn(q, q, q).shape
+      (1, 32, 2, 8)
+    """
+    check_backend(backend)
+    if empty_rows not in ("fallback", "zero"):
+        raise ValueError(f'empty_rows must be "fallback" or "zero", got {empty_rows!r}')
+    if fn is None:
+        return functools.partial(sparsify, backend=backend, fallback=fallback, empty_rows=empty_rows)
+    if not callable(fn):
+        raise TypeError(f"sparsify expects a function, got {type(fn).__name__}")
+    cache: dict = {}
+    warned: set = set()
+    name = getattr(fn, "__qualname__", repr(fn))
+
+    def plan_for(args, kwargs):
+        leaves, treedef = jax.tree.flatten((args, kwargs))
+        key = (
+            treedef,
+            tuple(
+                _static_key(x) if _is_static(x) else (np.shape(x), jnp.result_type(x), _weak(x))
+                for x in leaves
+            ),
+        )
+        hit = cache.get(key)
+        if hit is not None:
+            dyn = [x for x in leaves if not _is_static(x)]
+            return hit, dyn
+        plan, dyn, _ = _analyse(fn, args, kwargs, backend, empty_rows)
+        if plan.cacheable:
+            cache[key] = plan
+        return plan, dyn
+
+    def report(problems: list[str], none_found: bool):
+        reasons = sorted(set(problems)) or ["no dense attention with a constant mask was found"]
+        msg = "; ".join(reasons)
+        if none_found and not fallback:
+            raise ValueError(f"splat.sparsify({name}): {msg} (pass fallback=True to run the dense function)")
+        if msg not in warned:
+            warned.add(msg)
+            tail = "running the original dense function" if none_found else "those attentions stay dense"
+            warnings.warn(f"splat.sparsify({name}): {msg}; {tail}", SparsifyWarning, stacklevel=3)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        plan, dyn = plan_for(args, kwargs)
+        if not plan.matches:
+            report(plan.problems, True)
+            return fn(*args, **kwargs)
+        if plan.problems:
+            report(plan.problems, False)
+        replace = {m.pv_out: ([m.q, m.k, m.v], m.fn) for m in plan.matches}
+        outs = run_ir(plan.ir, dyn, replace)
+        return jax.tree.unflatten(plan.out_tree, outs)
+
+    def inspect(*args, **kwargs) -> list[Found]:
+        return [m.found for m in plan_for(args, kwargs)[0].matches]
+
+    def problems(*args, **kwargs) -> list[str]:
+        return list(plan_for(args, kwargs)[0].problems)
+
+    wrapper.inspect = inspect
+    wrapper.problems = problems
+    return wrapper

@@ -1,0 +1,157 @@
+"""A flat IR over a closed jaxpr: nested ``jit`` calls inlined, every value numbered.
+
+``build_ir`` turns ``jax.make_jaxpr``'s output into an :class:`IR` whose values are ints
+(``vid``): inputs, closed-over constants, literals and equation outputs alike. The matcher
+walks it backwards (``IR.node_of``), the slice evaluators read its constants, and ``run_ir``
+evaluates it again with some values computed by replacement functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from jax.extend import core as jex_core
+
+__all__ = ["IR", "Node", "bind_params", "build_ir", "run_ir"]
+
+# call primitives whose body is inlined into the flat IR
+_INLINE = ("jit", "pjit", "closed_call", "core_call")
+
+
+@dataclass
+class Node:
+    """One equation: ``outs = prim.bind(*ins, **params)`` (value ids in, value ids out)."""
+
+    prim: Any  # jax Primitive
+    params: dict
+    ins: list[int]
+    outs: list[int]
+    ctx: Any = None
+
+
+@dataclass
+class IR:
+    """Equations in program order over numbered values; ``avals[vid]`` is each value's aval."""
+
+    nodes: list[Node] = field(default_factory=list)
+    avals: list[Any] = field(default_factory=list)
+    consts: dict[int, Any] = field(default_factory=dict)  # value id -> concrete value (or outer tracer)
+    inputs: list[int] = field(default_factory=list)
+    outputs: list[int] = field(default_factory=list)
+    prod: dict[int, tuple[int, int]] = field(default_factory=dict)  # value id -> (node index, out pos)
+
+    def new(self, aval) -> int:
+        self.avals.append(aval)
+        return len(self.avals) - 1
+
+    def node_of(self, vid: int) -> Node | None:
+        """The equation producing ``vid``; None for inputs and constants."""
+        p = self.prod.get(vid)
+        return None if p is None else self.nodes[p[0]]
+
+    def shape(self, vid: int) -> tuple[int, ...]:
+        return tuple(self.avals[vid].shape)
+
+
+def build_ir(closed) -> IR:
+    """The flat IR of a ``ClosedJaxpr``."""
+    ir = IR()
+    env: dict[Any, int] = {}
+    for v, c in zip(closed.jaxpr.constvars, closed.consts, strict=False):
+        env[v] = ir.new(v.aval)
+        ir.consts[env[v]] = c
+    for v in closed.jaxpr.invars:
+        env[v] = ir.new(v.aval)
+        ir.inputs.append(env[v])
+    _emit(ir, closed.jaxpr.eqns, env)
+    ir.outputs = [_ref(ir, env, a) for a in closed.jaxpr.outvars]
+    return ir
+
+
+def _ref(ir: IR, env: dict, atom) -> int:
+    if isinstance(atom, jex_core.Literal):
+        vid = ir.new(atom.aval)
+        ir.consts[vid] = atom.val
+        return vid
+    return env[atom]
+
+
+def _emit(ir: IR, eqns, env: dict) -> None:
+    for eqn in eqns:
+        ins = [_ref(ir, env, a) for a in eqn.invars]
+        name = eqn.primitive.name
+        inner = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr")) if name in _INLINE else None
+        if inner is not None:
+            if isinstance(inner, jex_core.ClosedJaxpr):
+                jaxpr, consts = inner.jaxpr, inner.consts
+            else:
+                jaxpr, consts = inner, ()
+            sub: dict[Any, int] = {}
+            for v, c in zip(jaxpr.constvars, consts, strict=False):
+                sub[v] = ir.new(v.aval)
+                ir.consts[sub[v]] = c
+            for v, vid in zip(jaxpr.invars, ins, strict=False):
+                sub[v] = vid
+            _emit(ir, jaxpr.eqns, sub)
+            for outer, atom in zip(eqn.outvars, jaxpr.outvars, strict=False):
+                env[outer] = _ref(ir, sub, atom)
+            continue
+        outs = []
+        for v in eqn.outvars:
+            vid = ir.new(v.aval)
+            outs.append(vid)
+            if not isinstance(v, jex_core.DropVar):
+                env[v] = vid
+        for k, vid in enumerate(outs):
+            ir.prod[vid] = (len(ir.nodes), k)
+        ir.nodes.append(Node(eqn.primitive, eqn.params, ins, outs, getattr(eqn, "ctx", None)))
+
+
+def bind_params(node: Node) -> tuple[list, dict]:
+    """(subfuns, params) for ``prim.bind``; jax >= 0.7 returns params only."""
+    got = node.prim.get_bind_params(node.params)
+    if isinstance(got, tuple):
+        return list(got[0]), got[1]
+    return [], got
+
+
+def run_ir(ir: IR, args: list, replace: dict[int, tuple[list[int], Callable]]) -> list:
+    """Evaluate ``ir`` on ``args``; ``replace[vid] = (inputs, f)`` computes ``vid`` as ``f(*inputs)``."""
+    need = set(ir.outputs)
+    live = [False] * len(ir.nodes)
+    for i in range(len(ir.nodes) - 1, -1, -1):
+        node = ir.nodes[i]
+        if not any(o in need for o in node.outs):
+            continue
+        live[i] = True
+        for o in node.outs:
+            if o in replace and o in need:
+                need.update(replace[o][0])
+        if not all(o in replace for o in node.outs if o in need):
+            need.update(node.ins)
+    env: dict[int, Any] = dict(ir.consts)
+    env.update(zip(ir.inputs, args, strict=False))
+    for i, node in enumerate(ir.nodes):
+        if not live[i]:
+            continue
+        if all(o in replace for o in node.outs if o in need):
+            for o in node.outs:
+                if o in need:
+                    ins, f = replace[o]
+                    env[o] = f(*[env[v] for v in ins])
+            continue
+        subfuns, params = bind_params(node)
+        invals = [env[v] for v in node.ins]
+        manager = getattr(node.ctx, "manager", None)
+        if manager is not None:
+            with manager:
+                ans = node.prim.bind(*subfuns, *invals, **params)
+        else:
+            ans = node.prim.bind(*subfuns, *invals, **params)
+        if node.prim.multiple_results:
+            env.update(zip(node.outs, ans, strict=False))
+        else:
+            env[node.outs[0]] = ans
+    return [env[v] for v in ir.outputs]
