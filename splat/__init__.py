@@ -18,6 +18,7 @@ from splat import (
 from splat._analyzer import Report, analyze, report
 from splat._attention import attention, sddmm, softmax, spmm
 from splat._decorator import SparseAttentionFallbackWarning, sparse_attention
+from splat._neighborhood_attention import neighborhood_attention
 from splat._sparsify import SparsifyWarning, sparsify
 
 __version__ = "0.1.0"
@@ -30,6 +31,7 @@ __all__ = [
     "attention",
     "flax",
     "masks",
+    "neighborhood_attention",
     "report",
     "sddmm",
     "softmax",

@@ -511,6 +511,8 @@ def from_fn(fn: Callable) -> Mask:
     return FromFn(fn)
 
 
+from splat._neighborhood import neighborhood  # noqa: E402  (subclasses Mask, defined above)
+
 __all__ = [
     "Mask",
     "block_local",
@@ -520,6 +522,7 @@ __all__ = [
     "from_fn",
     "full",
     "global_tokens",
+    "neighborhood",
     "sink",
     "sliding_window",
     "strided",
