@@ -278,7 +278,7 @@ class ACSR:
     # -- text -----------------------------------------------------------------
 
     def to_string(self, max_rows: int = 16, max_cols: int = 64) -> str:
-        """A readable summary and a character picture of the top-left corner."""
+        """A readable summary and a character picture of the top-left corner (saying so when cut)."""
         lines = [repr(self)]
         for k, s in enumerate(self.segments):
             st = s.uniform_stride
@@ -293,6 +293,8 @@ class ACSR:
                 f"{int(r.num_blocks.sum())} in all"
             )
         nr, nc = min(max_rows, self.q_len), min(max_cols, self.kv_len)
+        if (nr, nc) != (self.q_len, self.kv_len):
+            lines.append(f"  showing rows 0-{nr - 1}, cols 0-{nc - 1} of {self.q_len}x{self.kv_len}:")
         cols = self.slot_columns(slice(0, nr))
         pic = np.full((nr, nc), ".")
         for i in range(nr):

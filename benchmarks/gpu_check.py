@@ -39,33 +39,11 @@ B, H, D = 1, 16, 128
 
 
 def patterns():
-    from splat import masks
+    """``(name, mask, mask_mod(q, k))`` for every ``splat.catalogue.BENCH`` pattern."""
+    from splat import catalogue
+    from splat.tools.mask_forms import mask_expression
 
-    return [
-        ("window256", masks.sliding_window(256, 256), lambda q, k: (q - k).abs() <= 256),
-        ("causal_window1024", masks.sliding_window(1023, 0), lambda q, k: (k <= q) & (q - k <= 1023)),
-        (
-            "dilated512x2",
-            masks.dilated_window(512, 2),
-            lambda q, k: ((q - k).abs() <= 512) & ((q - k) % 2 == 0),
-        ),
-        (
-            "block_local512",
-            masks.block_local(512, 1),
-            lambda q, k: (k // 512 <= q // 512) & (k // 512 >= q // 512 - 1),
-        ),
-        ("strided64", masks.strided(64), lambda q, k: (k <= q) & ((q - k) % 64 == 0)),
-        (
-            "global4+window256",
-            masks.global_tokens(4) | masks.sliding_window(256, 256),
-            lambda q, k: (q < 4) | (k < 4) | ((q - k).abs() <= 256),
-        ),
-        (
-            "sink4+causal1024",
-            masks.sink(4) | masks.sliding_window(1023, 0),
-            lambda q, k: (k <= q) & ((k < 4) | (q - k <= 1023)),
-        ),
-    ]
+    return [(name, m, mask_expression(m)) for name, m in catalogue.BENCH.items()]
 
 
 def run_tests(out: dict) -> None:
@@ -136,7 +114,7 @@ def bench(sizes, do_bwd: bool, out: dict, fwd_tiles, jax_path: bool, sweep: bool
         if sweep and S == max(sizes):
             out.setdefault("sweep", [])
             for name, m, _ in patterns():
-                if name not in ("window256", "dilated512x2", "causal_window1024"):
+                if name not in ("sliding_window", "dilated_window", "causal_window"):
                     continue
                 layout = m.to_acsr(S, S)
                 for tl_ in SWEEP:
@@ -280,8 +258,8 @@ def _jax_back_to_back(f, args, n=50) -> tuple[float, float]:
 
 
 def jax_timing(S: int = 16384) -> dict:
-    """The JAX custom-call path (jax_triton) vs the torch launch of the same kernels, window256."""
-    rec: dict = {"pattern": "window256", "S": S}
+    """The JAX custom-call path (jax_triton) vs the torch launch of the same kernels, sliding_window."""
+    rec: dict = {"pattern": "sliding_window", "S": S}
     try:
         import jax
         import jax.numpy as jnp
@@ -292,9 +270,9 @@ def jax_timing(S: int = 16384) -> dict:
         from jax_bindings._triton import backend as jt
         from jax_bindings._triton import ops as cg
         from jax_bindings._triton.launch import run_torch
-        from splat import masks
+        from splat import catalogue
 
-        layout = masks.sliding_window(256, 256).to_acsr(S, S)
+        layout = catalogue.BENCH["sliding_window"].to_acsr(S, S)
         flops = 4 * B * H * layout.nnz * D
         scale = D**-0.5
         key = jax.random.split(jax.random.PRNGKey(0), 4)
@@ -394,7 +372,7 @@ def tune(out: dict, S: int = 16384) -> None:
         print("TUNE", json.dumps(r), flush=True)
 
     rel = lambda a, b: float((a.float() - b.float()).norm() / b.float().norm())
-    for name in ("window256", "causal_window1024", "dilated512x2", "block_local512"):
+    for name in ("sliding_window", "causal_window", "dilated_window", "block_local"):
         layout = pats[name].to_acsr(S, S)
         flops = 4 * B * H * layout.nnz * D
         ref = None
@@ -409,7 +387,7 @@ def tune(out: dict, S: int = 16384) -> None:
                     {"kind": "fwd", "pattern": name, "tiles": t, "error": f"{type(e).__name__}: {e}"[:300]}
                 )
                 print("TUNE-ERR", recs[-1], flush=True)
-    for name in ("window256", "dilated512x2"):
+    for name in ("sliding_window", "dilated_window"):
         layout = pats[name].to_acsr(S, S)
         flops = 4 * B * H * layout.nnz * D
         c = cg.fwd_call(layout, q.shape, k.shape, "bfloat16", scale)
@@ -441,7 +419,7 @@ def tune(out: dict, S: int = 16384) -> None:
                 )
                 print("TUNE-ERR", recs[-1], flush=True)
     # global rows: heaviest row blocks first (ordered) vs natural launch order
-    layout = pats["global4+window256"].to_acsr(S, S)
+    layout = pats["global_window"].to_acsr(S, S)
     flops = 4 * B * H * layout.nnz * D
     for heavy in (_plan.HEAVY_RATIO, float("inf")):
         old = _plan.HEAVY_RATIO
@@ -452,7 +430,7 @@ def tune(out: dict, S: int = 16384) -> None:
             run_torch(c, q, k, v)
             rec_of(
                 "fwd-order",
-                "global4+window256",
+                "global_window",
                 ("ordered", c.plan.spec.ordered),
                 bt(lambda: run_torch(c, q, k, v)),
                 flops,

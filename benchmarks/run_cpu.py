@@ -35,14 +35,15 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/cpu-<date>.json)")
     args = p.parse_args(argv)
 
-    from splat import _bench, catalogue, masks
+    from splat import catalogue
+    from splat.tools import bench
 
     if args.quick:
         s, build_len, analyze_len, heads, repeats = 512, 4096, 512, 2, 1
     else:
         s, build_len, analyze_len, heads, repeats = 8192, 65536, 8192, 4, args.repeats
-    window = {"sliding_window(256,256)": masks.sliding_window(256, 256)}
-    config = _bench.BenchConfig(
+    window = {"sliding_window(256,256)": catalogue.BENCH["sliding_window"]}
+    config = bench.BenchConfig(
         patterns=tuple(window),
         lengths=(s,),
         heads=heads,
@@ -57,9 +58,9 @@ def main(argv: list[str] | None = None) -> dict:
         build_length=build_len,
         analyze_length=analyze_len,
     )
-    result = _bench.run_bench(config, window)
-    all_patterns = _bench.resolve_patterns(None, catalogue.BENCH)
-    result["build"] = _bench.build_section(all_patterns, build_len, analyze_len)
+    result = bench.run_bench(config, window)
+    all_patterns = bench.resolve_patterns(None, catalogue.BENCH)
+    result["build"] = bench.build_section(all_patterns, build_len, analyze_len)
 
     acceptance = {
         "S": s,
@@ -84,8 +85,8 @@ def main(argv: list[str] | None = None) -> dict:
     result["acceptance"] = acceptance
 
     out = args.out or os.path.join(HERE, "results", f"cpu-{dt.date.today().isoformat()}.json")
-    _bench.write_json(result, out)
-    print(_bench.format_table(result))
+    bench.write_json(result, out)
+    print(bench.format_table(result))
     print("\nacceptance:")
     for k, v in acceptance.items():
         print(f"  {k}: {v}")

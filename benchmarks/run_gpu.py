@@ -26,6 +26,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def main(argv: list[str] | None = None) -> dict:
+    from jax_bindings import BACKENDS
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--patterns", nargs="+", default=None)
     p.add_argument("--lengths", nargs="+", type=int, default=[4096, 8192, 16384, 32768])
@@ -34,7 +36,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--mode", default="both", choices=["fwd", "fwdbwd", "both"])
-    p.add_argument("--backend", default="auto", choices=["auto", "jax", "triton"])
+    p.add_argument("--backend", default="auto", choices=list(BACKENDS))
     p.add_argument("--peers", nargs="+", default=None)
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--build", action="store_true", help="also the layout construction section")
@@ -44,21 +46,20 @@ def main(argv: list[str] | None = None) -> dict:
 
     import jax
 
-    from splat import _bench
-    from splat._plot import plot_bench
+    from splat import catalogue
+    from splat.tools import bench
+    from splat.tools.plot import plot_bench
 
     if jax.default_backend() != "gpu":
         print("warning: no GPU visible to JAX; timing the CPU instead", file=sys.stderr)
-    quick = _bench.BenchConfig.defaults(quick=True) if args.quick else {}
-    from splat import catalogue
-
+    quick = bench.BenchConfig.defaults(quick=True) if args.quick else {}
     names = list(args.patterns) if args.patterns else list(catalogue.BENCH)
     if args.quick:
         names = names[:3]
     result, out = None, args.out
     # one pattern at a time, the JSON rewritten after each: a run cut short keeps what it measured
     for name in names:
-        config = _bench.BenchConfig(
+        config = bench.BenchConfig(
             patterns=(name,),
             lengths=tuple(quick.get("lengths", args.lengths)),
             heads=args.heads,
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> dict:
             repeats=quick.get("repeats", args.repeats),
             build=args.build and name == names[0],
         )
-        part = _bench.run_bench(config)
+        part = bench.run_bench(config)
         if result is None:
             result = part
             result["settings"]["patterns"] = names
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> dict:
         if out is None:
             device = re.sub(r"[^A-Za-z0-9]+", "-", result["environment"]["device"]).strip("-").lower()
             out = os.path.join(HERE, "results", f"{device}-{dt.date.today().isoformat()}.json")
-        _bench.write_json(result, out)
+        bench.write_json(result, out)
         print(f"wrote {out} ({len(result['results'])} timings)", flush=True)
     try:
         plot_bench(result, os.path.splitext(out)[0] + ".png")

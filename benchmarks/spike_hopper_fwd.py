@@ -43,7 +43,7 @@ check is recorded with the error's first line and skipped. Peers, same inputs:
 FlashAttention-3 for JAX (``flash_attn3_jax.flash_mha``), cuDNN
 (``jax.nn.dot_product_attention(implementation="cudnn")``) and splat
 (``splat.attention(backend="triton")``), each timed as 10 calls chained in one
-jitted program (``splat._peers.compile_timed``: each call's out is the next
+jitted program (``splat.tools.timing.compile_timed``: each call's out is the next
 call's q).
 
 Timing: Triton kernels with CUDA events around back-to-back launches, JAX
@@ -65,7 +65,7 @@ No row starts after ``--budget-s`` seconds (the rows left are listed under
 that breaks the CUDA context stops the run with what was measured kept.
 
 CPU numerics check of the kernels under Triton's interpreter (no torch needed;
-kernels launched through ``splat._codegen._launch.run_numpy``)::
+kernels launched through ``jax_bindings._triton.launch.run_numpy``)::
 
     TRITON_INTERPRET=1 python3 benchmarks/spike_hopper_fwd.py --check-only --interpret
 """
@@ -455,9 +455,9 @@ def _launch_args(cfg: Config, shapes, strides, window: int, scale: float, progra
 
 
 def run_interpreted(cfg: Config, q, k, v, window: int, scale: float, programs: int = 3):
-    """``(out, lse)`` numpy, through Triton's interpreter (``splat._codegen._launch.run_numpy``)."""
-    from splat._codegen._launch import run_numpy
-    from splat._codegen._ops import Call
+    """``(out, lse)`` numpy, through Triton's interpreter (``jax_bindings._triton.launch.run_numpy``)."""
+    from jax_bindings._triton.launch import run_numpy
+    from jax_bindings._triton.ops import Call
 
     B, S, H, D = q.shape
     st = tuple(s // q.itemsize for s in q.strides)
@@ -847,7 +847,7 @@ class Bench:
             import jax
             import jax.numpy as jnp
 
-            from splat._peers import compile_timed
+            from splat.tools.timing import compile_timed
 
             fn = self._peer_fn(name, window)
             jq, jk, jv = (_to_jax(x, torch, jax, jnp) for x in (q, k, v))

@@ -161,23 +161,17 @@ SOFTMAX_TILES = [
     (32, 256, 8, 3),
 ]
 SPMM_TILES = [(64, 64, 4, 2), (64, 128, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3), (64, 64, 4, 3)]
-UNFUSED_PATTERNS = ("window256", "dilated512x2")
+UNFUSED_PATTERNS = ("sliding_window", "dilated_window")
 
-FWD_PATTERNS = ("window256", "causal_window1024", "dilated512x2", "block_local512", "causal", "full")
-BWD_PATTERNS = ("window256", "dilated512x2", "causal_window1024", "causal")
+FWD_PATTERNS = ("sliding_window", "causal_window", "dilated_window", "block_local", "causal", "full")
+BWD_PATTERNS = ("sliding_window", "dilated_window", "causal_window", "causal")
 
 
 def patterns():
-    from splat import masks
+    """The catalogue's masks by name (``splat.catalogue.named``: the suite and the baselines)."""
+    from splat import catalogue
 
-    return {
-        "window256": masks.sliding_window(256, 256),
-        "causal_window1024": masks.sliding_window(1023, 0),
-        "dilated512x2": masks.dilated_window(512, 2),
-        "block_local512": masks.block_local(512, 1),
-        "causal": masks.causal(),
-        "full": masks.full(),
-    }
+    return {name: catalogue.named(name) for name in {*UNFUSED_PATTERNS, *FWD_PATTERNS, *BWD_PATTERNS}}
 
 
 _TMP = tempfile.mkdtemp(prefix="splat-tune-")
@@ -214,8 +208,8 @@ def main(argv=None) -> dict:
     import triton
 
     from jax_bindings._triton import ops as cg
-    from splat._bench import environment
     from jax_bindings._triton.launch import run_torch
+    from splat.tools.bench import environment
 
     S = a.seq_len
     bt = lambda f: triton.testing.do_bench(f, warmup=25, rep=100, return_mode="median")

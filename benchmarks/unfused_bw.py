@@ -29,7 +29,7 @@ where rows have unequal lengths, e.g. ``strided``). FLOPs: ``2*B*H*nnz*D`` for
 memory).
 
 Timing (``timing_method`` in the JSON): on a GPU one launch runs 10 calls of the
-op chained inside one jitted executable (``splat._peers.chain``: where an output
+op chained inside one jitted executable (``splat.tools.timing.chain``: where an output
 has an argument's shape it is that argument in the next call, and all inputs pass
 through ``lax.optimization_barrier`` with the previous output), and a sample is
 launches back to back, at least 20 ms of them, then one sync; ``ms`` is the
@@ -102,15 +102,14 @@ def _time(
 ) -> tuple[object, dict]:
     """``(fn(*args), timing)``: a launch runs ``per_sample`` chained calls in one executable.
 
-    ``sampling``: ``(per_sample, min_sample_ms)`` (``splat._bench.sampling``).
+    ``sampling``: ``(per_sample, min_sample_ms)`` (``splat.tools.timing.sampling``).
 
-    ``feed`` (``splat._peers.chain``): ``{argument index: output leaf}`` that the
+    ``feed`` (``splat.tools.timing.chain``): ``{argument index: output leaf}`` that the
     output replaces in the next call of the chain.
     """
     import jax
 
-    from splat._bench import time_call
-    from splat._peers import compile_timed
+    from splat.tools.timing import compile_timed, time_call
 
     per_sample, min_sample_ms = sampling
     compiled, launch, sync = compile_timed(fn, args, per_sample, feed)
@@ -206,6 +205,8 @@ def format_table(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    from jax_bindings import BACKENDS
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--patterns", nargs="+", default=list(DEFAULT_PATTERNS), help="catalogue names, mask specs"
@@ -215,7 +216,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--backend", default="auto", choices=["auto", "jax", "triton"])
+    p.add_argument("--backend", default="auto", choices=list(BACKENDS))
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--copy-mib", type=int, default=1024, help="size of the copy-bandwidth array")
@@ -229,13 +230,13 @@ def main(argv: list[str] | None = None) -> dict:
 
     import splat
     from jax_bindings import _dispatch
-    from splat import _bench
+    from splat.tools import bench, timing
 
     if jax.default_backend() != "gpu":
         print("warning: no GPU visible to JAX; measuring the CPU instead", file=sys.stderr)
-    sampling = _bench.sampling()
+    sampling = timing.sampling()
     per_sample = sampling[0]
-    env = _bench.environment()
+    env = bench.environment()
     dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}[args.dtype]
     e = jnp.dtype(dtype).itemsize
     out = args.out
@@ -257,7 +258,7 @@ def main(argv: list[str] | None = None) -> dict:
         "byte_formulas": BYTE_FORMULAS,
         "flop_formulas": FLOP_FORMULAS,
         "bound_rule": BOUND_RULE,
-        "timing_method": _bench.TIMING_METHOD,
+        "timing_method": timing.TIMING_METHOD,
         "per_sample": per_sample,
         "copy": copy,
         "matmul": mm,
@@ -267,7 +268,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     b, h, d, scale = args.batch, args.heads, args.head_dim, args.head_dim**-0.5
     backend = args.backend
-    for name, make in _bench.resolve_patterns(args.patterns):
+    for name, make in bench.resolve_patterns(args.patterns):
         for s in args.lengths:
             mask = make(s)
             layout = splat.analyze(mask, q_len=s, kv_len=s)
@@ -320,9 +321,9 @@ def main(argv: list[str] | None = None) -> dict:
                 )
                 x = y if op != "spmm" else None
             del q, k, v, x
-            _bench.write_json(result, out)  # after each length: a run cut short keeps what it measured
+            bench.write_json(result, out)  # after each length: a run cut short keeps what it measured
     result["all_meet_half"] = bool(result["rows"]) and all(r["meets_half"] for r in result["rows"])
-    _bench.write_json(result, out)
+    bench.write_json(result, out)
     print(format_table(result))
     print(f"wrote {out}")
     return result

@@ -523,7 +523,122 @@ __all__ = [
     "full",
     "global_tokens",
     "neighborhood",
+    "parse",
     "sink",
     "sliding_window",
     "strided",
 ]
+
+
+# --- mask expressions ---------------------------------------------------------------------
+
+# Public names that are not constructors of literal arguments (arrays, callables, the parser).
+_NOT_PARSEABLE = frozenset({"Mask", "from_array", "from_fn", "parse"})
+
+
+def _constructors() -> dict[str, Callable]:
+    """Name -> constructor, for every public constructor a mask expression may call."""
+    return {n: globals()[n] for n in __all__ if n not in _NOT_PARSEABLE and callable(globals().get(n))}
+
+
+def parse(expr: str) -> Mask:
+    """The mask a string such as ``"sliding_window(256, 256) | global_tokens(4)"`` describes.
+
+    The string is parsed with :mod:`ast`, never evaluated. It may contain only
+    calls of this module's constructors (optionally written ``masks.NAME``) with
+    literal arguments, positional or keyword (ints, negative ints, ``True`` /
+    ``False``, and tuples or lists of those, for per-axis arguments), combined
+    with ``|``, ``&`` and parentheses (``&`` binds tighter, as in Python). Each
+    constructor validates its own arguments, and its message is passed on.
+
+    Args:
+      expr: the mask expression.
+
+    Returns:
+      The :class:`Mask`, equal to the one the same Python expression would build.
+
+    Raises:
+      ValueError: naming the offending part of the expression (a bad argument,
+        an unknown name, unsupported syntax), with what is allowed instead.
+
+    Example:
+      >>> from splat import masks
+      >>> m = masks.parse("sliding_window(2) | global_tokens(1)")
+      >>> m == masks.sliding_window(2) | masks.global_tokens(1)
+      True
+      >>> int(m.to_acsr(6, 6).nnz)
+      30
+    """
+    import ast
+    import inspect
+
+    if not isinstance(expr, str):
+        raise ValueError(f"mask expression must be a string, got {type(expr).__name__}")
+    ctors = _constructors()
+    allowed = ", ".join(sorted(ctors))
+
+    def where(node: ast.AST) -> str:
+        return f" (at column {node.col_offset + 1})" if hasattr(node, "col_offset") else ""
+
+    def call_hint(name: str) -> str:
+        params = inspect.signature(ctors[name]).parameters.values()
+        shown = (p.name if p.default is p.empty else f"{p.name}={p.default!r}" for p in params)
+        return f"{name}({', '.join(shown)})"
+
+    def literal(node: ast.AST, what: str):
+        if isinstance(node, ast.Constant) and type(node.value) in (int, bool):
+            return node.value
+        if (
+            isinstance(node, ast.UnaryOp)
+            and isinstance(node.op, ast.USub)
+            and isinstance(node.operand, ast.Constant)
+            and type(node.operand.value) is int
+        ):
+            return -node.operand.value
+        if isinstance(node, (ast.Tuple, ast.List)):
+            return tuple(literal(e, what) for e in node.elts)
+        raise ValueError(
+            f"{what} must be an int or bool literal (or a tuple of them), got {ast.unparse(node)!r}"
+            f"{where(node)} in mask expression {expr!r}"
+        )
+
+    def build(node: ast.AST) -> Mask:
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.BitOr, ast.BitAnd)):
+            left, right = build(node.left), build(node.right)
+            return left | right if isinstance(node.op, ast.BitOr) else left & right
+        bare = node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", None)
+        if isinstance(node, (ast.Name, ast.Attribute)) and bare in ctors:
+            raise ValueError(f"{bare!r} is a mask constructor, not a mask: call it, as in {call_hint(bare)}")
+        if isinstance(node, ast.Call):
+            f = node.func
+            if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "masks":
+                name = f.attr
+            elif isinstance(f, ast.Name):
+                name = f.id
+            else:
+                raise ValueError(
+                    f"only calls of mask constructors are allowed, got {ast.unparse(f)!r}{where(f)}; "
+                    f"constructors: {allowed}"
+                )
+            if name not in ctors:
+                raise ValueError(f"unknown mask constructor {name!r}{where(f)}; constructors: {allowed}")
+            args = [literal(a, f"argument {i + 1} of {name}") for i, a in enumerate(node.args)]
+            kwargs = {}
+            for kw in node.keywords:
+                if kw.arg is None:
+                    raise ValueError(f"'**' arguments are not allowed in mask expression {expr!r}")
+                kwargs[kw.arg] = literal(kw.value, f"argument {kw.arg!r} of {name}")
+            try:
+                return ctors[name](*args, **kwargs)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"{ast.unparse(node)}: {e}") from None
+        raise ValueError(
+            f"unsupported syntax {ast.unparse(node)!r}{where(node)} in mask expression {expr!r}: use calls "
+            f"of mask constructors with literal arguments, '|', '&' and parentheses; constructors: {allowed}"
+        )
+
+    try:
+        tree = ast.parse(expr.strip(), mode="eval")
+    except SyntaxError as e:
+        raise ValueError(f"mask expression {expr!r} is not a valid expression: {e.msg}") from None
+    return build(tree.body)

@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from splat import catalogue
+
 # Errors below these never fail a check (relative to max |ref|).
 FLOORS = {
     np.dtype(np.float32): 1e-5,
@@ -145,50 +147,14 @@ def assert_close(name: str, got, ref, dtype, same_dtype=None, factor: float = FA
 
 
 # -----------------------------------------------------------------------------
-# test mask catalogue: numpy renderings, small and odd sizes
+# test masks: splat.catalogue.ODD (small and odd sizes) rendered from each mask's own predicate
 # -----------------------------------------------------------------------------
 
-
-def _ij(sq: int, skv: int):
-    return np.arange(sq)[:, None], np.arange(skv)[None, :]
-
-
-def _random_irregular(sq: int, skv: int) -> np.ndarray:
-    m = np.random.default_rng(1234).random((sq, skv)) < 0.12
-    m[:, 0] = True  # at least one column per row
-    return m
-
-
-def _with_empty_rows(s: int) -> np.ndarray:
-    i, j = _ij(s, s)
-    m = np.abs(i - j) <= 10
-    m[[0, 1, 2, 3, 4, 50, s - 1]] = False
-    m[60] = False
-    m[60, 0] = True  # a row with a single column
-    return m
-
-
-# name -> (q_len, kv_len, builder)
-MASKS = {
-    "full": (97, 97, lambda i, j: np.ones((i.size, j.size), bool)),
-    "causal": (160, 160, lambda i, j: j <= i),
-    "sliding_window": (200, 200, lambda i, j: np.abs(i - j) <= 16),
-    "causal_window": (190, 190, lambda i, j: (j <= i) & (j >= i - 31)),
-    "dilated_window": (180, 180, lambda i, j: (np.abs(i - j) <= 24) & ((i - j) % 3 == 0)),
-    "strided": (170, 170, lambda i, j: (j <= i) & ((i - j) % 7 == 0)),
-    "block_local": (192, 192, lambda i, j: (j // 32 <= i // 32) & (j // 32 >= i // 32 - 1)),
-    "global_window": (200, 200, lambda i, j: (np.abs(i - j) <= 8) | (j < 3) | (i < 3)),
-    "sink_causal_window": (180, 180, lambda i, j: ((j < 4) | (j >= i - 16)) & (j <= i)),
-    "random": (150, 150, lambda i, j: _random_irregular(i.size, j.size)),
-    "empty_rows": (130, 130, lambda i, j: _with_empty_rows(i.size)),
-    "rect_wide": (100, 230, lambda i, j: np.abs(j - 2 * i) <= 12),
-    "rect_causal": (120, 70, lambda i, j: j <= i - 50),
-    "odd_window": (277, 277, lambda i, j: (j >= i - 20) & (j <= i + 5)),
-}
+MASKS = catalogue.ODD  # name -> Shaped(q_len, kv_len, mask); tests/test_masks.py checks each against numpy
 
 
 def mask_array(name: str) -> np.ndarray:
-    """Boolean ``[q_len, kv_len]`` rendering of catalogue mask ``name``."""
-    sq, skv, fn = MASKS[name]
-    m = np.broadcast_to(fn(*_ij(sq, skv)), (sq, skv))
-    return np.ascontiguousarray(m)
+    """Boolean ``[q_len, kv_len]`` rendering of catalogue mask ``name`` (``splat.catalogue.ODD``)."""
+    sq, skv, mask = MASKS[name]
+    i, j = np.arange(sq)[:, None], np.arange(skv)[None, :]
+    return np.ascontiguousarray(np.broadcast_to(mask(i, j), (sq, skv)))

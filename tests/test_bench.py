@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 import splat
-from splat import _bench, _peers, catalogue, masks
-from splat._peers import PEERS, Peer, PeerUnavailable, Problem
+from splat import catalogue, masks
+from splat.tools import bench, check, mask_forms, peers, timing
+from splat.tools.peers import PEERS, Peer, PeerUnavailable, Problem
 
 # A tiny catalogue, both entry kinds (a mask value and a callable S -> mask).
 TINY = {
@@ -60,14 +61,14 @@ def _close(got, want, tol=2e-5):
 
 
 def test_useful_flops_formula():
-    assert _bench.useful_flops(2, 3, 1000, 64, "fwd") == 4 * 2 * 3 * 1000 * 64
-    assert _bench.useful_flops(2, 3, 1000, 64, "fwdbwd") == 3.5 * 4 * 2 * 3 * 1000 * 64
-    assert "4*B*H*nnz*D" in _bench.FLOP_FORMULA and "3.5" in _bench.FLOP_FORMULA
+    assert bench.useful_flops(2, 3, 1000, 64, "fwd") == 4 * 2 * 3 * 1000 * 64
+    assert bench.useful_flops(2, 3, 1000, 64, "fwdbwd") == 3.5 * 4 * 2 * 3 * 1000 * 64
+    assert "4*B*H*nnz*D" in bench.FLOP_FORMULA and "3.5" in bench.FLOP_FORMULA
 
 
 def test_time_call_counts_and_median():
     calls = []
-    t = _bench.time_call(lambda: calls.append(1), warmup=2, repeats=5)
+    t = timing.time_call(lambda: calls.append(1), warmup=2, repeats=5)
     assert len(calls) == 7
     assert len(t["samples_ms"]) == 5
     assert t["ms"] == float(np.median(t["samples_ms"])) and t["ms_min"] == min(t["samples_ms"])
@@ -85,34 +86,34 @@ def test_time_call_counts_and_median():
 )
 def test_config_rejects_bad_settings(kw, match):
     with pytest.raises(ValueError, match=match):
-        _bench.BenchConfig(**kw)
+        bench.BenchConfig(**kw)
 
 
 def test_quick_defaults_and_explicit_flags():
-    from splat.cli import build_parser
+    from splat.tools.cli import build_parser
 
-    quick = _bench.BenchConfig.from_args(build_parser().parse_args(["bench", "--quick"]))
+    quick = bench.BenchConfig.from_args(build_parser().parse_args(["bench", "--quick"]))
     assert quick.quick and quick.repeats == 3 and len(quick.lengths) == 1
     assert quick.lengths == ((4096,) if jax.default_backend() == "gpu" else (1024,))
     args = build_parser().parse_args(
         ["bench", "--quick", "--lengths", "64", "96", "--heads", "2", "--mode", "both"]
     )
-    cfg = _bench.BenchConfig.from_args(args)
+    cfg = bench.BenchConfig.from_args(args)
     assert cfg.lengths == (64, 96) and cfg.heads == 2 and cfg.modes == ("fwd", "fwdbwd") and cfg.repeats == 3
 
 
 def test_resolve_patterns_names_specs_and_errors():
-    pats = dict(_bench.resolve_patterns(["window", "global_window", "causal() & strided(4)"], TINY))
+    pats = dict(bench.resolve_patterns(["window", "global_window", "causal() & strided(4)"], TINY))
     assert pats["window"](100) == masks.sliding_window(5, 3)
     assert pats["global_window"](64) == masks.global_tokens(2) | masks.sliding_window(4)
     assert pats["causal() & strided(4)"](8) == masks.causal() & masks.strided(4)
-    assert [n for n, _ in _bench.resolve_patterns(None, TINY, quick=True)] == list(TINY)[:3]
+    assert [n for n, _ in bench.resolve_patterns(None, TINY, quick=True)] == list(TINY)[:3]
     with pytest.raises(ValueError, match="neither a catalogue name"):
-        _bench.resolve_patterns(["no_such_pattern"], TINY)
+        bench.resolve_patterns(["no_such_pattern"], TINY)
 
 
 def test_default_catalogue_is_the_bench_catalogue():
-    names = [n for n, _ in _bench.resolve_patterns(None)]
+    names = [n for n, _ in bench.resolve_patterns(None)]
     assert names == list(catalogue.BENCH)
 
 
@@ -170,24 +171,24 @@ def test_gpu_peers_say_why_they_skip_on_cpu():
 def test_band_of_recognises_windows_only():
     s = 64
     lay = lambda m: m.to_acsr(s, s)  # noqa: E731
-    assert _peers.band_of(lay(masks.sliding_window(5, 3))) == (5, 3)
-    assert _peers.band_of(lay(masks.sliding_window(7, 0))) == (7, 0)
-    assert _peers.band_of(lay(masks.causal())) == (s - 1, 0)
-    assert _peers.band_of(lay(masks.full())) == (s - 1, s - 1)
-    assert _peers.band_of(lay(masks.causal() & masks.sliding_window(9))) == (9, 0)
+    assert mask_forms.band_of(lay(masks.sliding_window(5, 3))) == (5, 3)
+    assert mask_forms.band_of(lay(masks.sliding_window(7, 0))) == (7, 0)
+    assert mask_forms.band_of(lay(masks.causal())) == (s - 1, 0)
+    assert mask_forms.band_of(lay(masks.full())) == (s - 1, s - 1)
+    assert mask_forms.band_of(lay(masks.causal() & masks.sliding_window(9))) == (9, 0)
     for m in (
         masks.dilated_window(8, 2),
         masks.global_tokens(2) | masks.sliding_window(4),
         masks.block_local(8),
     ):
-        assert _peers.band_of(lay(m)) is None
+        assert mask_forms.band_of(lay(m)) is None
 
 
 @pytest.mark.parametrize("name", sorted(catalogue.SMALL))
 def test_mask_expression_matches_predicate(name):
     """The operator-only form FlexAttention gets equals the mask's own predicate."""
     m = catalogue.SMALL[name]
-    f = _peers.mask_expression(m)
+    f = mask_forms.mask_expression(m)
     assert f is not None
     q, kv = np.arange(150)[:, None], np.arange(170)[None, :]
     want = np.broadcast_to(m(q, kv), (150, 170))
@@ -204,8 +205,8 @@ def test_mask_expression_of_sinks_keeps_their_causality(causal):
 
 
 def test_mask_expression_none_for_arrays():
-    assert _peers.mask_expression(catalogue.random_mask(8, 8)) is None
-    assert _peers.mask_expression(masks.causal() | catalogue.random_mask(8, 8)) is None
+    assert mask_forms.mask_expression(catalogue.random_mask(8, 8)) is None
+    assert mask_forms.mask_expression(masks.causal() | catalogue.random_mask(8, 8)) is None
 
 
 # --- the whole run ------------------------------------------------------------------------------
@@ -213,7 +214,7 @@ def test_mask_expression_none_for_arrays():
 
 @pytest.fixture(scope="module")
 def bench_result():
-    cfg = _bench.BenchConfig(
+    cfg = bench.BenchConfig(
         patterns=("window", "dilated"),
         lengths=(64,),
         heads=2,
@@ -228,13 +229,13 @@ def bench_result():
         analyze_length=256,
     )
     lines = []
-    return _bench.run_bench(cfg, TINY, log=lines.append), "\n".join(lines)
+    return bench.run_bench(cfg, TINY, log=lines.append), "\n".join(lines)
 
 
 def test_bench_json_fields(bench_result, tmp_path):
     result, printed = bench_result
     path = tmp_path / "out" / "r.json"
-    _bench.write_json(result, str(path))
+    bench.write_json(result, str(path))
     r = json.loads(path.read_text())
     env = r["environment"]
     assert env["device"] == jax.devices()[0].device_kind and env["platform"] == jax.devices()[0].platform
@@ -244,7 +245,7 @@ def test_bench_json_fields(bench_result, tmp_path):
     s = r["settings"]
     assert (s["heads"], s["head_dim"], s["batch"], s["lengths"], s["mode"]) == (2, 16, 1, [64], "both")
     assert s["patterns"] == ["window", "dilated"]
-    assert r["flop_formula"] == _bench.FLOP_FORMULA and r["timing_method"] == _bench.TIMING_METHOD
+    assert r["flop_formula"] == bench.FLOP_FORMULA and r["timing_method"] == timing.TIMING_METHOD
     assert s["per_sample"] == (10 if jax.default_backend() == "gpu" else 1)
     dense = [x for x in r["results"] if x["impl"] == "dense_xla"]
     assert {(x["pattern"], x["mode"]) for x in dense} == {
@@ -259,9 +260,14 @@ def test_bench_json_fields(bench_result, tmp_path):
             np.broadcast_to(TINY[x["pattern"]](np.arange(64)[:, None], np.arange(64)[None]), (64, 64)).sum()
         )
         assert x["nnz"] == want_nnz
-        flops = _bench.useful_flops(1, 2, want_nnz, 16, x["mode"])
+        flops = bench.useful_flops(1, 2, want_nnz, 16, x["mode"])
         assert x["tflops"] == pytest.approx(flops / (x["ms"] * 1e-3) / 1e12)
         assert x["temp_bytes"] is None or x["temp_bytes"] >= 0
+        # splat's own rows say which backend ran ("unknown" where jax_bindings cannot say)
+        if x["impl"].startswith("splat"):
+            assert isinstance(x["splat_backend"], str)
+        else:
+            assert x["splat_backend"] is None
     # every requested peer either ran or was skipped with a reason
     for pattern in ("window", "dilated"):
         for mode in ("fwd", "fwdbwd"):
@@ -305,7 +311,7 @@ def test_build_section(bench_result):
 
 def test_plot_bench_writes_png(bench_result, tmp_path):
     pytest.importorskip("matplotlib")
-    from splat._plot import plot_bench
+    from splat.tools.plot import plot_bench
 
     path = tmp_path / "b.png"
     plot_bench(bench_result[0], str(path))
@@ -314,7 +320,7 @@ def test_plot_bench_writes_png(bench_result, tmp_path):
 
 def test_cli_bench_end_to_end(tmp_path, capsys):
     pytest.importorskip("matplotlib")
-    from splat.cli import main
+    from splat.tools.cli import main
 
     out, png = tmp_path / "r.json", tmp_path / "r.png"
     rc = main(
@@ -348,7 +354,7 @@ def test_cli_bench_end_to_end(tmp_path, capsys):
 
 
 def test_cli_bench_bad_pattern_is_a_clear_error(capsys):
-    from splat.cli import main
+    from splat.tools.cli import main
 
     assert main(["bench", "--patterns", "no_such_thing", "--lengths", "32"]) == 2
     assert "neither a catalogue name" in capsys.readouterr().err
@@ -376,7 +382,7 @@ def test_benchmark_scripts_smoke(tmp_path, capsys):
 
 def test_time_call_batches_launches_and_syncs_once_per_sample():
     events = []
-    t = _bench.time_call(
+    t = timing.time_call(
         lambda: events.append("run"),
         warmup=1,
         repeats=3,
@@ -391,7 +397,7 @@ def test_time_call_batches_launches_and_syncs_once_per_sample():
 
 def test_time_call_divides_by_the_calls_each_launch_makes():
     events = []
-    t = _bench.time_call(
+    t = timing.time_call(
         None,
         warmup=0,
         repeats=2,
@@ -404,12 +410,12 @@ def test_time_call_divides_by_the_calls_each_launch_makes():
     assert 0.02 / 6 * 1e3 <= t["ms_min"] < 0.02 / 6 * 1e3 * 3  # 20 ms per sample, over 6 calls
     assert t["timing"] == "2 x 3 calls chained in one executable, one sync"
     with pytest.raises(ValueError, match="multiple"):
-        _bench.time_call(None, 0, 1, launch=lambda: None, sync=lambda: None, per_sample=4, calls_per_launch=3)
+        timing.time_call(None, 0, 1, launch=lambda: None, sync=lambda: None, per_sample=4, calls_per_launch=3)
 
 
 def test_time_call_adds_launches_until_a_sample_lasts_min_sample_ms():
     launches = []
-    t = _bench.time_call(
+    t = timing.time_call(
         None,
         warmup=1,
         repeats=2,
@@ -441,16 +447,16 @@ def test_chain_keeps_every_call_in_the_compiled_hlo(peer, mode):
     """XLA (here the CPU's, which drops optimization barriers before CSE) keeps all n calls."""
     p = _problem(catalogue.SMALL["global_window"], mode=mode)
     if peer == "dense_xla":
-        fn, args, feed = _peers._jax_program(_peers._dense_attention, p, (p.dense_mask(),))
+        fn, args, feed = peers._jax_program(peers._dense_attention, p, (p.dense_mask(),))
     else:
         if not hasattr(splat, "attention"):
             pytest.skip("splat.attention has not landed yet")
         attn = lambda q, k, v: splat.attention(q, k, v, mask=p.mask, backend="jax")  # noqa: E731
-        fn, args, feed = _peers._jax_program(attn, p)
+        fn, args, feed = peers._jax_program(attn, p)
     one = _dots(fn, args)
     assert one, "no dot ops to count"
     for n in (2, 4):
-        many = _dots(_peers.chain(fn, n, feed), args)
+        many = _dots(timing.chain(fn, n, feed), args)
         # n times every dot at full size: none merged (CSE), dropped (DCE) or shrunk to the slice kept
         assert sorted(many) == sorted(one * n), (n, one, many)
     # without the chain's dependencies XLA merges the calls: the count above can fail
@@ -461,16 +467,16 @@ def test_chain_keeps_every_call_in_the_compiled_hlo(peer, mode):
 def test_chain_example_and_feed_check():
     import jax.numpy as jnp
 
-    chained = jax.jit(_peers.chain(lambda x: jnp.tanh(x @ x), 3, {0: 0}))
+    chained = jax.jit(timing.chain(lambda x: jnp.tanh(x @ x), 3, {0: 0}))
     out, _ = chained(jnp.eye(4) * 0.5)
     want = np.eye(4) * 0.5
     for _ in range(3):
         want = np.tanh(want @ want)
     np.testing.assert_allclose(out, want, rtol=1e-6)
     with pytest.raises(ValueError, match="feed"):
-        jax.jit(_peers.chain(lambda x: x.sum(0), 2, {0: 0}))(jnp.ones((3, 4)))
+        jax.jit(timing.chain(lambda x: x.sum(0), 2, {0: 0}))(jnp.ones((3, 4)))
     with pytest.raises(ValueError, match="n >= 1"):
-        _peers.chain(lambda x: x, 0, {})
+        timing.chain(lambda x: x, 0, {})
 
 
 @pytest.mark.parametrize("mode", ["fwd", "fwdbwd"])
@@ -483,7 +489,7 @@ def test_jax_peer_launch_makes_per_sample_calls_and_outputs_one(mode):
     out, grads = _reference(p)  # outputs() is still one call on the problem's inputs
     got = prepared.outputs()
     _close(got if mode == "fwd" else got[0], out)
-    t = _bench.time_call(
+    t = timing.time_call(
         prepared.run, 1, 2, launch=prepared.launch, sync=prepared.sync, per_sample=3, calls_per_launch=3
     )
     assert t["ms"] > 0 and t["per_sample"] == 3 and t["timing"].startswith("1 x 3 calls chained")
@@ -516,7 +522,7 @@ def checked_result():
         )
         mp.setitem(PEERS, "unchecked", unchecked)
         mp.setitem(PEERS, "unavailable", Peer("unavailable", "never runs", _unavailable))
-        cfg = _bench.BenchConfig(
+        cfg = bench.BenchConfig(
             patterns=("window", "dilated"),
             lengths=(48,),
             heads=2,
@@ -526,7 +532,7 @@ def checked_result():
             repeats=1,
         )
         lines = []
-        return _bench.run_bench(cfg, TINY, log=lines.append), "\n".join(lines)
+        return bench.run_bench(cfg, TINY, log=lines.append), "\n".join(lines)
 
 
 def test_check_flags_a_peer_with_another_mask(checked_result, tmp_path):
@@ -542,9 +548,9 @@ def test_check_flags_a_peer_with_another_mask(checked_result, tmp_path):
     ]
     assert "DISAGREES WITH SPLAT" in printed and "DISAGREEMENTS" in printed
     path = tmp_path / "r.json"
-    _bench.write_json(result, str(path))
+    bench.write_json(result, str(path))
     r = json.loads(path.read_text())
-    assert r["check_rule"] == _bench.CHECK_RULE and len(r["disagreements"]) == 2
+    assert r["check_rule"] == check.CHECK_RULE and len(r["disagreements"]) == 2
 
 
 def test_check_unchecked_and_skipped_peers(checked_result):
@@ -564,7 +570,7 @@ def test_check_unchecked_and_skipped_peers(checked_result):
 
 def test_check_real_peers_agree_and_fwdbwd_reuses_the_fwd_check(bench_result):
     result, _ = bench_result
-    assert result["disagreements"] == [] and result["check_rule"] == _bench.CHECK_RULE
+    assert result["disagreements"] == [] and result["check_rule"] == check.CHECK_RULE
     rows = {(x["pattern"], x["mode"], x["impl"]): x for x in result["results"]}
     keys = ("max_abs_err_vs_splat", "rel_err_vs_splat", "check_tolerance", "agrees", "check")
     for pattern in ("window", "dilated"):
@@ -577,7 +583,7 @@ def test_check_real_peers_agree_and_fwdbwd_reuses_the_fwd_check(bench_result):
 
 def test_check_without_splat_among_the_peers_computes_splat_once(monkeypatch):
     monkeypatch.setitem(PEERS, "other_mask", _other_mask_peer(masks.sliding_window(1, 0)))
-    cfg = _bench.BenchConfig(
+    cfg = bench.BenchConfig(
         patterns=("dilated",),
         lengths=(40,),
         heads=1,
@@ -586,7 +592,7 @@ def test_check_without_splat_among_the_peers_computes_splat_once(monkeypatch):
         peers=("dense_xla", "other_mask"),
         repeats=1,
     )
-    result = _bench.run_bench(cfg, TINY, log=lambda s: None)
+    result = bench.run_bench(cfg, TINY, log=lambda s: None)
     agrees = {(x["impl"], x["mode"]): x["agrees"] for x in result["results"]}
     assert agrees == {
         ("dense_xla", "fwd"): True,
@@ -600,7 +606,7 @@ def test_check_without_splat_among_the_peers_computes_splat_once(monkeypatch):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_check_real_peers_agree_in_half_precision(dtype):
-    cfg = _bench.BenchConfig(
+    cfg = bench.BenchConfig(
         patterns=("global_window",),
         lengths=(64,),
         heads=2,
@@ -609,7 +615,7 @@ def test_check_real_peers_agree_in_half_precision(dtype):
         peers=("splat", "splat_unfused", "dense_xla"),
         repeats=1,
     )
-    result = _bench.run_bench(cfg, TINY, log=lambda s: None)
+    result = bench.run_bench(cfg, TINY, log=lambda s: None)
     assert len(result["results"]) == 3 and not result["disagreements"]
     for x in result["results"]:
         assert x["agrees"] is True and x["check_tolerance"] > 0
@@ -619,17 +625,17 @@ def test_compare_outputs_rules():
     rng = np.random.default_rng(0)
     ref = rng.standard_normal((1, 8, 2, 4)).astype(np.float32)
     scale = float(np.abs(ref).max())
-    ok = _bench.compare_outputs(ref + 0.5 * _bench.CHECK_RTOL["bfloat16"] * scale, ref, "bfloat16")
+    ok = check.compare_outputs(ref + 0.5 * check.CHECK_RTOL["bfloat16"] * scale, ref, "bfloat16")
     assert ok["agrees"] is True
-    assert ok["rel_err_vs_splat"] == pytest.approx(0.5 * _bench.CHECK_RTOL["bfloat16"], rel=1e-4)
-    far = _bench.compare_outputs(ref + 2 * _bench.CHECK_RTOL["float32"] * scale, ref, "float32")
+    assert ok["rel_err_vs_splat"] == pytest.approx(0.5 * check.CHECK_RTOL["bfloat16"], rel=1e-4)
+    far = check.compare_outputs(ref + 2 * check.CHECK_RTOL["float32"] * scale, ref, "float32")
     assert far["agrees"] is False
     nan = ref.copy()
     nan[0, 0, 0, 0] = np.nan
-    assert _bench.compare_outputs(nan, ref, "float32")["agrees"] is False
-    assert _bench.compare_outputs(ref[:, :4], ref, "float32")["agrees"] is False
+    assert check.compare_outputs(nan, ref, "float32")["agrees"] is False
+    assert check.compare_outputs(ref[:, :4], ref, "float32")["agrees"] is False
     zero = np.zeros_like(ref)
-    assert _bench.compare_outputs(zero, zero, "float16")["agrees"] is True  # all rows fully masked
+    assert check.compare_outputs(zero, zero, "float16")["agrees"] is True  # all rows fully masked
 
 
 def test_torch_outputs_come_back_as_bshd_float32():
@@ -650,7 +656,7 @@ def test_torch_outputs_come_back_as_bshd_float32():
             return self.a
 
     bhsd = np.arange(2 * 3 * 5 * 4, dtype=np.float16).reshape(2, 3, 5, 4)
-    got = _peers._torch_to_host(FakeTensor(bhsd))
+    got = peers._torch_to_host(FakeTensor(bhsd))
     assert got.dtype == np.float32 and got.shape == (2, 5, 3, 4)
     np.testing.assert_array_equal(got, bhsd.transpose(0, 2, 1, 3))
 
@@ -677,7 +683,7 @@ def test_unfused_bw_tiny(tmp_path, capsys):
     mod.main([*argv, "--out", str(out)])
     r = json.loads(out.read_text())
     assert r["schema"] == mod.SCHEMA and r["environment"]["device"] == jax.devices()[0].device_kind
-    assert r["timing_method"] == _bench.TIMING_METHOD and r["per_sample"] >= 1
+    assert r["timing_method"] == timing.TIMING_METHOD and r["per_sample"] >= 1
     assert r["copy"]["gbps"] > 0 and r["copy"]["bytes"] == 2 * 2**20
     assert r["matmul"]["tflops"] > 0 and r["matmul"]["flops"] == 2 * 64**3
     assert r["backend"] == ("triton" if jax.default_backend() == "gpu" else "jax")
@@ -707,3 +713,37 @@ def test_unfused_bw_tiny(tmp_path, capsys):
     assert rows["softmax"]["bound"] == "memory"
     assert isinstance(r["all_meet_half"], bool)
     assert "sddmm" in capsys.readouterr().out
+
+
+# --- which splat backend ran -------------------------------------------------------------------------
+
+
+def test_splat_rows_record_the_backend_that_ran(monkeypatch):
+    import jax_bindings
+
+    monkeypatch.delattr(jax_bindings, "selected_backend", raising=False)
+    assert peers.splat_backend("attention") == "unknown"  # jax_bindings that cannot say
+    seen = []
+
+    def selected_backend(op, *args, backend="auto"):
+        seen.append((op, args, backend))
+        return "jax"
+
+    monkeypatch.setattr(jax_bindings, "selected_backend", selected_backend, raising=False)
+    p = _problem(masks.sliding_window(3), s=24)
+    assert PEERS["splat"].prepare(p).splat_backend == "jax"
+    op, args, backend = seen[-1]
+    assert (op, backend) == ("attention", "jax") and args[3] is p.layout
+    assert [(a.shape, a.dtype) for a in args[:3]] == [((1, 24, 2, 8), jax.numpy.float32)] * 3
+    assert PEERS["dense_xla"].prepare(p).splat_backend is None
+
+    def broken(*a, **k):
+        raise RuntimeError("cannot tell\nmore")
+
+    monkeypatch.setattr(jax_bindings, "selected_backend", broken)
+    assert peers.splat_backend("attention") == "unknown (RuntimeError: cannot tell)"
+
+
+def test_backend_must_be_registered():
+    with pytest.raises(ValueError, match="backend must be one of"):
+        bench.BenchConfig(backend="tpu-magic")

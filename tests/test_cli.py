@@ -1,21 +1,25 @@
-"""The splat CLI (spec parser, analyze, plots) and the README's code, which must run as written."""
+"""The splat CLI (analyze, bench errors, --version, python -m splat) and the README's code, run as written."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
-import acsr
-import splat
-from splat import catalogue, masks
-from splat.cli import SpecError, load_mask, main, parse_mask_spec
+import jax_bindings
+from splat import masks
+from splat.tools.cli import build_parser, load_mask, main, version
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -23,84 +27,6 @@ def _dense(mask, q_len, kv_len):
     """The mask from its own numpy predicate, independent of the layout code."""
     q, kv = np.arange(q_len)[:, None], np.arange(kv_len)[None, :]
     return np.broadcast_to(mask(q, kv), (q_len, kv_len))
-
-
-# --- the spec parser ------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "spec, want",
-    [
-        ("causal()", masks.causal()),
-        (
-            "sliding_window(256, 256) | global_tokens(4)",
-            masks.sliding_window(256, 256) | masks.global_tokens(4),
-        ),
-        ("sliding_window(left=3, right=0)", masks.sliding_window(3, 0)),
-        ("masks.strided(4) & causal()", masks.strided(4) & masks.causal()),
-        (
-            "  sink(2) | (dilated_window(8, 2) & block_local(16, lookback=2))  ",
-            masks.sink(2) | (masks.dilated_window(8, 2) & masks.block_local(16, 2)),
-        ),
-        ("full()", masks.full()),
-    ],
-)
-def test_spec_parses_to_the_same_mask(spec, want):
-    assert parse_mask_spec(spec) == want
-
-
-def test_spec_precedence_follows_python():
-    # & binds tighter than |, as in Python; parentheses override
-    a = parse_mask_spec("sink(1) | causal() & strided(3)")
-    b = parse_mask_spec("(sink(1) | causal()) & strided(3)")
-    s = 20
-    np.testing.assert_array_equal(
-        _dense(a, s, s),
-        _dense(masks.sink(1), s, s) | (_dense(masks.causal(), s, s) & _dense(masks.strided(3), s, s)),
-    )
-    np.testing.assert_array_equal(
-        _dense(b, s, s),
-        (_dense(masks.sink(1), s, s) | _dense(masks.causal(), s, s)) & _dense(masks.strided(3), s, s),
-    )
-    assert not np.array_equal(_dense(a, s, s), _dense(b, s, s))
-
-
-@pytest.mark.parametrize(
-    "spec, match",
-    [
-        ("", "not a valid expression"),
-        ("sliding_window(4", "not a valid expression"),
-        ("__import__('os').system('true')", "only calls of mask constructors|unknown mask constructor"),
-        ("os.system(1)", "only calls of mask constructors"),
-        ("eval('1')", "unknown mask constructor 'eval'"),
-        ("from_fn(1)", "unknown mask constructor 'from_fn'"),
-        ("sliding_window(x)", "int literal"),
-        ("sliding_window(1.5)", "int literal"),
-        ("sliding_window(True)", "int literal"),
-        ("sliding_window('8')", "int literal"),
-        ("sliding_window(-1)", "int literal"),
-        ("sliding_window(2 + 2)", "int literal"),
-        ("sliding_window(*[1])", "int literal"),
-        ("sliding_window(**{'left': 1})", r"'\*\*' arguments"),
-        ("causal() + causal()", "unsupported syntax"),
-        ("~causal()", "unsupported syntax"),
-        ("causal", "unsupported syntax"),
-        ("[causal()]", "unsupported syntax"),
-        ("lambda: causal()", "unsupported syntax"),
-        ("causal().__class__", "unsupported syntax"),
-        ("sliding_window(1, 2, 3)", "sliding_window"),
-        ("dilated_window(3, 0)", "dilation"),
-    ],
-)
-def test_spec_errors_are_clear(spec, match):
-    with pytest.raises(SpecError, match=match):
-        parse_mask_spec(spec)
-
-
-def test_spec_error_is_a_value_error():
-    assert issubclass(SpecError, ValueError)
-    with pytest.raises(SpecError, match="must be a string"):
-        parse_mask_spec(3)
 
 
 # --- splat analyze -------------------------------------------------------------------------------
@@ -205,34 +131,83 @@ def test_plot_without_matplotlib_is_a_clear_error(monkeypatch, tmp_path, capsys)
     assert "needs matplotlib" in capsys.readouterr().err
 
 
-# --- the segment picture ---------------------------------------------------------------------------
+# --- rough edges: clean errors, --version, python -m splat -----------------------------------------
 
 
-@pytest.mark.parametrize("name", ["global_window", "sink_causal_window", "dilated_window", "strided_local"])
-def test_segment_image_labels_each_segment(name):
-    from splat._plot import segment_image
-
-    layout = catalogue.SMALL[name].to_acsr(150, 170)
-    img = segment_image(layout, max_pixels=1024)
-    np.testing.assert_array_equal(img > 0, layout.to_dense())
-    for k, seg in enumerate(layout.segments):
-        alone = acsr.ACSR(layout.q_len, layout.kv_len, (seg,)).to_dense()
-        np.testing.assert_array_equal(img == k + 1, alone)
+def test_analyze_constructor_error_is_one_clean_line(capsys):
+    assert main(["analyze", "sliding_window(-3)"]) == 2
+    err = capsys.readouterr().err
+    assert err == "splat analyze: error: sliding_window(-3): left must be >= 0, got -3\n"
 
 
-def test_segment_image_residual_and_sampling():
-    from splat._plot import segment_image
+def test_analyze_bare_constructor_name_suggests_the_call(capsys):
+    assert main(["analyze", "causal"]) == 2
+    err = capsys.readouterr().err
+    assert "'causal' is a mask constructor" in err and "causal()" in err and "Traceback" not in err
 
-    m = catalogue.random_mask(128, 128, density=0.2, seed=5)
-    layout = splat.analyze(m)
-    assert layout.residual is not None
-    img = segment_image(layout)
-    np.testing.assert_array_equal(img == len(layout.segments) + 1, layout.residual.dense(128, 128))
-    # sampled: every 2nd row, columns binned by 2 -> a bin is lit where any of its columns is
-    big = masks.sliding_window(3).to_acsr(300, 300)
-    small = segment_image(big, max_pixels=150)
-    dense = big.to_dense()[::2]
-    np.testing.assert_array_equal(small > 0, dense[:, 0::2] | dense[:, 1::2])
+
+def test_analyze_preview_says_when_it_shows_a_corner(capsys):
+    assert main(["analyze", "global_tokens(4) | sliding_window(256, 256)", "--q-len", "2048"]) == 0
+    assert "showing rows 0-15, cols 0-63 of 2048x2048" in capsys.readouterr().out
+    assert main(["analyze", "causal()", "--q-len", "12"]) == 0
+    assert "showing" not in capsys.readouterr().out  # the whole mask fits
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="checks the message where there is no GPU")
+def test_bench_on_a_backend_that_cannot_run_here_says_why_in_one_line(capsys):
+    unusable = [b for b in jax_bindings.BACKENDS if b not in ("auto", "jax")]
+    assert unusable, "no backend besides jax is registered"
+    for backend in unusable:
+        argv = ["--patterns", "causal()", "--lengths", "16", "--peers", "splat"]
+        rc = main(["bench", "--backend", backend, *argv])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.count("\n") == 1, err
+        assert err.startswith(f"splat bench: error: splat backend {backend!r} cannot run here: ")
+
+
+def test_backend_choices_are_the_registered_backends():
+    with pytest.raises(SystemExit):
+        main(["bench", "--backend", "no-such-backend"])
+    bench = build_parser()._subparsers._group_actions[0].choices["bench"]
+    (backend,) = [a for a in bench._actions if a.dest == "backend"]
+    assert tuple(backend.choices) == tuple(jax_bindings.BACKENDS)
+
+
+def test_version_flag(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.strip() == f"splat {version()}"
+    assert re.fullmatch(r"\d+\.\d+\S*", version())
+
+
+def test_version_falls_back_on_the_package_attribute(monkeypatch):
+    import importlib.metadata
+
+    import splat
+
+    monkeypatch.setattr(importlib.metadata, "packages_distributions", lambda: {})
+    assert version() == splat.__version__
+
+
+def test_python_dash_m_splat_runs_the_command():
+    out = subprocess.run(
+        [sys.executable, "-m", "splat", "--version"], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"splat {version()}"
+
+
+def test_import_splat_loads_no_tooling():
+    """``import splat`` (fresh interpreter) loads none of splat.tools, matplotlib or torch."""
+    code = (
+        "import json, sys; import splat; "
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('matplotlib', 'torch') "
+        "or m.startswith('splat.tools')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
 
 
 # --- the README ------------------------------------------------------------------------------------------

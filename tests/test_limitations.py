@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import splat
-from splat import _codegen, masks
+from jax_bindings._triton import ops as _codegen
+from splat import masks
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 B, S, H, D = 2, 64, 4, 16

@@ -1,10 +1,11 @@
 """``splat bench``: splat against its peers, pattern x length x mode, in one process.
 
-Every implementation (see :mod:`splat._peers`) gets the same random inputs; each
-is compiled and run once, then sampled ``warmup`` times untimed and ``repeats``
-times timed; the median is reported. A sample makes calls back to back and waits
-for the device once: on a GPU at least 10 calls and at least 20 ms, a JAX peer's
-calls chained 10 to an executable; one call on the CPU (see :data:`TIMING_METHOD`).
+Every implementation (see :mod:`splat.tools.peers`) gets the same random
+inputs; each is compiled and run once, then sampled ``warmup`` times untimed and
+``repeats`` times timed; the median is reported. A sample makes calls back to
+back and waits for the device once: on a GPU at least 10 calls and at least
+20 ms, a JAX peer's calls chained 10 to an executable; one call on the CPU (see
+:mod:`splat.tools.timing`).
 
 Useful FLOPs count only the mask's nonzeros::
 
@@ -18,11 +19,13 @@ splat is faster.
 Every peer's forward output is checked against splat's on the same inputs,
 once per (pattern, S, dtype); fwd+bwd rows reuse the forward check. A row
 records ``max_abs_err_vs_splat`` (max ``|peer - splat|`` over the output, both
-cast to float32), ``agrees`` (see :data:`CHECK_RULE`) and ``check`` (what was
+cast to float32), ``agrees`` (see :mod:`splat.tools.check`) and ``check`` (what was
 compared, or why not: ``torch_sdpa`` runs with no mask by design). Splat itself
 is tested against a float64 reference in ``tests/``; a peer that disagrees is
 still timed, printed with a loud warning and listed under ``disagreements``,
-since a speed ratio against a peer computing another mask means nothing.
+since a speed ratio against a peer computing another mask means nothing. Rows
+of splat's own peers record ``splat_backend``: the backend that ran
+(``jax_bindings.selected_backend`` where it exists, else ``"unknown"``).
 
 Optional sections: ``build`` (time to construct each pattern's ACSR at S = 65536
 with caches cleared, and to analyze a dense 8192 x 8192 bool rendering) and
@@ -34,10 +37,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import functools
-import importlib
 import importlib.metadata
 import json
-import math
 import os
 import platform
 import statistics
@@ -47,20 +48,19 @@ from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
+from splat.tools.check import CHECK_RULE, OutputCheck, short_error
+from splat.tools.peers import PEERS, PeerUnavailable, Problem
+from splat.tools.timing import TIMING_METHOD, on_gpu, sampling, time_call
+
 __all__ = [
-    "CHECK_RTOL",
-    "CHECK_RULE",
     "BenchConfig",
     "FLOP_FORMULA",
-    "TIMING_METHOD",
-    "sampling",
     "build_section",
-    "compare_outputs",
     "environment",
     "format_table",
     "resolve_patterns",
+    "backend_unavailable",
     "run_bench",
-    "time_call",
     "useful_flops",
     "write_json",
 ]
@@ -69,45 +69,10 @@ FLOP_FORMULA = (
     "useful FLOPs = 4*B*H*nnz*D (forward); forward+backward counts 3.5x that (backward = 2.5x forward)"
 )
 RATIO_DEFINITION = "x splat = peer median ms / splat median ms (> 1: splat is faster)"
-TIMING_METHOD = (
-    "ms per call = wall clock of one sample / the calls it made (the row's per_sample). A sample is "
-    "launches back to back, then one wait for the device; on a GPU it makes at least 10 calls and, "
-    "counted after the warmup, lasts at least min_sample_ms (settings), so its one-off costs (first "
-    "dispatch, the wait) stay small. JAX peers: one launch runs 10 calls chained inside ONE jitted "
-    "executable (Python-unrolled; each call's q is the previous call's out, in fwd+bwd its do the "
-    "previous dq, and all inputs pass through lax.optimization_barrier with the previous outputs, so "
-    "XLA neither merges, hoists nor drops calls), as attention inside a jitted training step: no host "
-    "dispatch between calls. Torch peers: one launch is one call. Each row's 'timing' says which."
-)
 SCHEMA = "splat-bench/1"
-
-# Output check tolerance, relative to max|splat out|, per input dtype. Two correct kernels differ
-# by summation order and by where they round (scores, P before the PV matmul, the output): unit
-# roundoff 2^-8 for bfloat16, 2^-11 for float16 and for float32 run as TF32 (the default of XLA
-# and Triton float32 matmuls on NVIDIA GPUs), so one output ulp alone can be 2^-7 (bf16) or 2^-10
-# of max|out|. Measured on CPU at D=128 (catalogue.BENCH, S=2048): splat_unfused and dense XLA
-# are within 0.8% (bf16) and 0.15% (fp16) of splat. The tolerances sit 3-4x above that (~4 output
-# ulps); a wrong mask moves outputs by a sizeable fraction of their magnitude.
-CHECK_RTOL = {"float32": 5e-3, "float16": 5e-3, "bfloat16": 3e-2}
-CHECK_RULE = (
-    "agrees: max|peer out - splat out| <= rtol * max|splat out|, forward output on the same inputs, "
-    "both cast to float32; rtol = " + ", ".join(f"{v:g} ({k})" for k, v in CHECK_RTOL.items())
-)
 
 _MODES = ("fwd", "fwdbwd", "both")
 _DTYPES = ("float32", "bfloat16", "float16")
-
-
-def _on_gpu() -> bool:
-    import jax
-
-    return jax.default_backend() == "gpu"
-
-
-def sampling() -> tuple[int, float]:
-    """``(per_sample, min_sample_ms)`` for :func:`time_call` here: on a GPU at least 10
-    calls (a JAX launch chains 10) and 20 ms per sample; on a CPU one call (TIMING_METHOD)."""
-    return (10, 20.0) if _on_gpu() else (1, 0.0)
 
 
 @dataclass(frozen=True)
@@ -115,13 +80,14 @@ class BenchConfig:
     """Settings of one ``splat bench`` run (every field lands in the JSON).
 
     Attributes:
-      patterns: catalogue names or mask specs (``splat.cli.parse_mask_spec``); None = all.
+      patterns: catalogue names (``splat.catalogue.named``) or mask expressions
+        (``splat.masks.parse``); None = the suite, ``splat.catalogue.BENCH``.
       lengths: sequence lengths S (q_len = kv_len = S).
       heads, head_dim, batch: H, D, B of ``q, k, v: [B, S, H, D]``.
       dtype: "float32", "bfloat16" or "float16".
       mode: "fwd", "fwdbwd" or "both".
-      backend: splat's backend ("auto", "jax", "triton").
-      peers: implementations to time (names in ``splat._peers.PEERS``); None = all.
+      backend: splat's backend, one of ``jax_bindings.BACKENDS``.
+      peers: implementations to time (names in ``splat.tools.peers.PEERS``); None = all.
       warmup, repeats: untimed and timed runs after the first (compiling) one.
       seed: seed of the random inputs.
       quick: whether the quick defaults were used.
@@ -156,9 +122,11 @@ class BenchConfig:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
         if not self.lengths or any(not isinstance(s, int) or s <= 0 for s in self.lengths):
             raise ValueError(f"lengths must be positive ints, got {self.lengths!r}")
-        if self.peers is not None:
-            from splat._peers import PEERS
+        from jax_bindings import BACKENDS
 
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.peers is not None:
             bad = [p for p in self.peers if p not in PEERS]
             if bad:
                 raise ValueError(f"unknown peer(s) {bad}; known: {', '.join(PEERS)}")
@@ -170,7 +138,7 @@ class BenchConfig:
     @classmethod
     def defaults(cls, quick: bool = False) -> dict:
         """Default settings for this machine (quick: a few patterns, one small length)."""
-        gpu = _on_gpu()
+        gpu = on_gpu()
         if quick:
             return {"lengths": (4096,) if gpu else (1024,), "warmup": 1, "repeats": 3, "quick": True}
         return {"lengths": (4096, 8192, 16384, 32768) if gpu else (1024, 4096)}
@@ -219,31 +187,26 @@ def environment() -> dict:
 # --- patterns -------------------------------------------------------------------------------
 
 
-def _default_catalogue() -> Mapping:
-    cat = importlib.import_module("splat.catalogue")
-    for name in ("BENCH", "CATALOGUE", "PATTERNS"):
-        m = getattr(cat, name, None)
-        if isinstance(m, Mapping):
-            return m
-    raise ImportError("splat.catalogue has no BENCH mapping of name -> mask")
-
-
 def resolve_patterns(
     names: Sequence[str] | None, catalogue: Mapping | None = None, quick: bool = False
 ) -> list[tuple[str, Callable[[int], object]]]:
-    """``[(name, factory(S) -> Mask)]`` for catalogue names or mask specs.
+    """``[(name, factory(S) -> Mask)]`` for catalogue names or mask expressions.
 
     Args:
-      names: catalogue names, or mask expressions such as ``"sliding_window(64) | sink(4)"``;
-        None = the whole catalogue (its first three entries when ``quick``).
-      catalogue: name -> Mask, or name -> callable(S) -> Mask; default ``splat.catalogue.BENCH``.
+      names: catalogue names, or mask expressions such as ``"sliding_window(64) | sink(4)"``
+        (:func:`splat.masks.parse`); None = the whole suite (its first three entries when ``quick``).
+      catalogue: name -> Mask, or name -> callable(S) -> Mask; default: the names of
+        :func:`splat.catalogue.named`, with ``splat.catalogue.BENCH`` as the suite.
       quick: take only three patterns when ``names`` is None.
     """
     from splat import masks
-    from splat.cli import parse_mask_spec
 
     if catalogue is None:
-        catalogue = _default_catalogue()
+        from splat import catalogue as cat
+
+        table, suite = {n: cat.named(n) for n in cat.names()}, list(cat.BENCH)
+    else:
+        table, suite = catalogue, list(catalogue)
 
     def factory(entry):
         if isinstance(entry, masks.Mask):
@@ -253,95 +216,45 @@ def resolve_patterns(
         raise TypeError(f"catalogue entries must be masks or callables S -> mask, got {type(entry).__name__}")
 
     if names is None:
-        names = list(catalogue)[:3] if quick else list(catalogue)
+        names = suite[:3] if quick else suite
     out = []
     for name in names:
-        if name in catalogue:
-            out.append((name, factory(catalogue[name])))
+        if name in table:
+            out.append((name, factory(table[name])))
             continue
         try:
-            m = parse_mask_spec(name)
+            m = masks.parse(name)
         except ValueError as e:
             raise ValueError(
-                f"pattern {name!r} is neither a catalogue name ({', '.join(catalogue)}) nor a mask spec: {e}"
+                f"pattern {name!r} is neither a catalogue name ({', '.join(table)}) "
+                f"nor a mask expression: {e}"
             ) from None
         out.append((name, factory(m)))
     return out
 
 
-# --- timing ----------------------------------------------------------------------------------
+def backend_unavailable(backend: str) -> str | None:
+    """Why splat's ``backend`` cannot run here, in one line; None when it can (``"auto"`` always can)."""
+    import jax_bindings
 
-
-def time_call(
-    run: Callable[[], None] | None,
-    warmup: int,
-    repeats: int,
-    *,
-    launch: Callable[[], None] | None = None,
-    sync: Callable[[], None] | None = None,
-    per_sample: int = 1,
-    calls_per_launch: int = 1,
-    min_sample_ms: float = 0.0,
-) -> dict:
-    """Milliseconds per call: median, min and all samples, and how they were taken.
-
-    Without ``launch``, each sample times one ``run()`` (which must block). With
-    ``launch``/``sync``, a sample is launches back to back, each enqueuing
-    ``calls_per_launch`` calls (a JAX peer's chain compiled into one executable),
-    then one ``sync()``, divided by the calls made: ``per_sample / calls_per_launch``
-    launches, or more where ``min_sample_ms`` asks (counted from one sample taken
-    after the warmup), so that what a sample pays once (the first dispatch, the
-    sync) is a small part of it. Warmup samples are taken the same way, untimed.
-
-    Returns:
-      ``{"ms", "ms_min", "samples_ms", "per_sample", "calls_per_launch", "timing"}``;
-      ``per_sample`` is the calls a timed sample made, ``timing`` says how in words.
-    """
-    blocking = launch is None or sync is None
-    if blocking:
-        launch, sync, per_sample, calls_per_launch, min_sample_ms = run, (lambda: None), 1, 1, 0.0
-    elif per_sample % calls_per_launch:
-        raise ValueError(f"per_sample {per_sample} is not a multiple of calls_per_launch {calls_per_launch}")
-    launches = per_sample // calls_per_launch
-
-    def sample() -> float:
-        t0 = time.perf_counter()
-        for _ in range(launches):
-            launch()
-        sync()
-        return (time.perf_counter() - t0) * 1e3 / (launches * calls_per_launch)
-
-    for _ in range(warmup):
-        sample()
-    if min_sample_ms > 0:
-        sample_ms = sample() * launches * calls_per_launch
-        launches = max(launches, math.ceil(launches * min_sample_ms / max(sample_ms, 1e-6)))
-    times = [sample() for _ in range(repeats)]
-    if blocking:
-        timing = "one blocking call"
-    elif calls_per_launch > 1:
-        timing = f"{launches} x {calls_per_launch} calls chained in one executable, one sync"
-    else:
-        timing = f"{launches} launch{'es' if launches > 1 else ''}, one sync"
-    return {
-        "ms": statistics.median(times),
-        "ms_min": min(times),
-        "samples_ms": times,
-        "per_sample": launches * calls_per_launch,
-        "calls_per_launch": calls_per_launch,
-        "timing": timing,
-    }
+    if backend == "auto":
+        return None
+    available = getattr(jax_bindings, "available_backends", None)
+    if available is not None:
+        reason = available().get(backend)
+    else:  # jax_bindings without a backend registry: resolve() raises for a backend that cannot run
+        try:
+            jax_bindings.resolve(backend)
+            reason = None
+        except jax_bindings.BackendUnavailableError as e:
+            reason = str(e)
+    return None if reason is None else " ".join(str(reason).split())
 
 
 def useful_flops(batch: int, heads: int, nnz: int, head_dim: int, mode: str) -> float:
     """``4*B*H*nnz*D`` forward; ``fwdbwd`` counts 3.5x that (FlashAttention convention)."""
     f = 4.0 * batch * heads * nnz * head_dim
     return 3.5 * f if mode == "fwdbwd" else f
-
-
-def _short(e: BaseException) -> str:
-    msg = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {msg[0][:200]}" if msg else type(e).__name__
 
 
 # --- the benchmark -------------------------------------------------------------------------------
@@ -354,7 +267,8 @@ def run_bench(
 
     Args:
       config: the settings.
-      catalogue: name -> Mask (or callable S -> Mask); default ``splat.catalogue.BENCH``.
+      catalogue: name -> Mask (or callable S -> Mask); default ``splat.catalogue`` (see
+        :func:`resolve_patterns`).
       log: where progress and the final table go (``print``; pass ``lambda s: None`` to silence).
 
     Returns:
@@ -362,13 +276,20 @@ def run_bench(
       "timing_method", "check_rule", "results": [...], "skipped": [...], "memory": [...],
       "disagreements": [...], "build": {...} (when asked)}``. Each result row carries its
       output check (``max_abs_err_vs_splat``, ``rel_err_vs_splat``, ``check_tolerance``,
-      ``agrees``, ``check``) and how it was timed (``per_sample``, ``calls_per_launch``,
-      ``timing``); ``disagreements`` lists each (pattern, S, dtype, peer) whose output is
-      not within tolerance of splat's.
+      ``agrees``, ``check``), how it was timed (``per_sample``, ``calls_per_launch``,
+      ``timing``) and, for splat's own peers, ``splat_backend`` (else None);
+      ``disagreements`` lists each (pattern, S, dtype, peer) whose output is not within
+      tolerance of splat's.
+
+    Raises:
+      ValueError: a pattern that is neither a catalogue name nor a mask expression, or a
+        splat backend (``config.backend``) that cannot run here, with the reason.
     """
     import splat
-    from splat._peers import PEERS, PeerUnavailable, Problem
 
+    reason = backend_unavailable(config.backend)
+    if reason is not None:
+        raise ValueError(f"splat backend {config.backend!r} cannot run here: {reason}")
     env = environment()
     pats = resolve_patterns(config.patterns, catalogue, quick=config.quick)
     peer_names = list(config.peers) if config.peers is not None else list(PEERS)
@@ -382,7 +303,7 @@ def run_bench(
     results, skipped, memory, disagreements = [], [], [], []
     told = set()
 
-    def skip(base: dict, peer: str, reason: str, check: _OutputCheck) -> None:
+    def skip(base: dict, peer: str, reason: str, check: OutputCheck) -> None:
         if peer == "splat":
             check.no_reference(f"splat skipped: {reason}")
         skipped.append({**base, "impl": peer, "reason": reason})
@@ -412,7 +333,7 @@ def run_bench(
                 _dense=[],
             )
             where = {"pattern": name, "mask": repr(mask), "S": s, "dtype": config.dtype}
-            check = _OutputCheck(where, make_problem, disagreements, log)
+            check = OutputCheck(where, make_problem, disagreements, log)
             for mode in config.modes:
                 problem = make_problem(mode)
                 flops = useful_flops(b, h, layout.nnz, d, mode)
@@ -443,7 +364,7 @@ def run_bench(
                         skip(base, peer, str(e), check)
                         continue
                     except Exception as e:  # a peer that crashes must not end the run; record why
-                        skip(base, peer, f"error: {_short(e)}", check)
+                        skip(base, peer, f"error: {short_error(e)}", check)
                         continue
                     row = {
                         **base,
@@ -452,6 +373,7 @@ def run_bench(
                         "tflops": flops / (t["ms"] * 1e-3) / 1e12,
                         "temp_bytes": prepared.temp_bytes,
                         "note": prepared.note,
+                        "splat_backend": prepared.splat_backend,
                         **verdict,
                     }
                     rows[peer] = row
@@ -495,136 +417,6 @@ def run_bench(
         out["build"] = build_section(pats, config.build_length, config.analyze_length, log=log)
     log(format_table(out))
     return out
-
-
-# --- output check --------------------------------------------------------------------------------
-
-
-def _unchecked(reason: str) -> dict:
-    return {
-        "max_abs_err_vs_splat": None,
-        "rel_err_vs_splat": None,
-        "check_tolerance": None,
-        "agrees": None,
-        "check": reason,
-    }
-
-
-def compare_outputs(got: np.ndarray, ref: np.ndarray, dtype: str) -> dict:
-    """A peer's forward output against splat's (see :data:`CHECK_RULE`).
-
-    Args:
-      got, ref: ``[B, S, H, D]`` outputs, any float dtype (compared in float32).
-      dtype: the inputs' dtype name, which sets the tolerance.
-
-    Returns:
-      ``{"max_abs_err_vs_splat", "rel_err_vs_splat", "check_tolerance", "agrees", "check"}``;
-      a shape mismatch or a non-finite value in ``got`` does not agree.
-    """
-    got, ref = np.asarray(got, np.float32), np.asarray(ref, np.float32)
-    scale = float(np.max(np.abs(ref))) if ref.size else 0.0
-    tol = CHECK_RTOL[dtype] * scale
-    if got.shape != ref.shape:
-        return {**_unchecked(f"output shape {got.shape} != splat's {ref.shape}"), "agrees": False}
-    if not np.isfinite(got).all():
-        return {**_unchecked("non-finite values in the output"), "agrees": False}
-    err = float(np.max(np.abs(got - ref))) if ref.size else 0.0
-    return {
-        "max_abs_err_vs_splat": err,
-        "rel_err_vs_splat": err / scale if scale > 0 else None,
-        "check_tolerance": tol,
-        "agrees": bool(err <= tol),
-        "check": "forward output vs splat's",
-    }
-
-
-class _OutputCheck:
-    """Checks each peer's forward output against splat's for one (pattern, S, dtype).
-
-    Each peer is checked once (its first mode; fwd+bwd reuses the forward check)
-    at the cost of one extra run of what it already compiled. The reference is
-    splat's own row when splat ran; when splat is not among the peers, splat's
-    forward is computed once for the check alone.
-    """
-
-    def __init__(self, where: dict, make_problem: Callable, disagreements: list, log: Callable):
-        self.where, self.make_problem = where, make_problem
-        self.disagreements, self.log = disagreements, log
-        self.ref: np.ndarray | None = None
-        self.ref_missing = ""  # why there is no reference, once known
-        self.done: dict[str, dict] = {}
-
-    def no_reference(self, reason: str) -> None:
-        if self.ref is None and not self.ref_missing:
-            self.ref_missing = reason
-
-    def _reference(self) -> np.ndarray | None:
-        if self.ref is None and not self.ref_missing:
-            from splat._peers import PEERS
-
-            try:  # splat was not asked for: compute its forward for the check alone (untimed: no chain)
-                prepared = PEERS["splat"].prepare(self.make_problem("fwd", per_sample=1))
-                self._set_reference(_forward_output(prepared, "fwd"))
-            except Exception as e:
-                self.no_reference(f"splat failed: {_short(e)}")
-        return self.ref
-
-    def _set_reference(self, out: np.ndarray) -> None:
-        if np.isfinite(out).all():
-            self.ref = out
-        else:
-            self.no_reference("splat's output has non-finite values")
-
-    def verdict(self, peer: str, prepared, problem) -> dict:
-        """The check fields of ``peer``'s rows (computed on its first call, then reused)."""
-        from splat._peers import PEERS
-
-        if peer in self.done:
-            return self.done[peer]
-        if PEERS[peer].no_check:
-            v = _unchecked(PEERS[peer].no_check)
-        else:
-            try:
-                out = _forward_output(prepared, problem.mode)
-            except Exception as e:  # the check must not cost the timing
-                v = _unchecked(f"could not read the output: {_short(e)}")
-                self.log(f"  warning: {peer} output not checked ({v['check']})")
-            else:
-                if peer == "splat":
-                    self._set_reference(out)
-                ref = self._reference()
-                if ref is None and peer == "splat":  # splat vs nothing: its output is broken
-                    v = {**_unchecked(self.ref_missing), "agrees": False}
-                elif ref is None:
-                    v = _unchecked(f"no splat output to compare with ({self.ref_missing})")
-                else:
-                    v = compare_outputs(out, ref, problem.dtype)
-                del out
-        if v["agrees"] is False:
-            self.disagreements.append({**self.where, "impl": peer, **v})
-            w = self.where
-            err = v["max_abs_err_vs_splat"]
-            self.log(
-                f"  !!! WARNING: {peer} DISAGREES WITH SPLAT on {w['pattern']} S={w['S']} {w['dtype']}: "
-                + (
-                    f"max|{peer} - splat| = {err:.4g} > tolerance {v['check_tolerance']:.4g}"
-                    if err is not None
-                    else v["check"]
-                )
-                + "; its timings are not comparable"
-            )
-        self.done[peer] = v
-        return v
-
-
-def _forward_output(prepared, mode: str) -> np.ndarray:
-    """The attention output of one run of ``prepared``, float32 numpy ``[B, S, H, D]``."""
-    if prepared.outputs is None:
-        raise ValueError("this peer's Prepared has no outputs()")
-    got = prepared.outputs()
-    if mode == "fwdbwd":
-        got = got[0]
-    return np.asarray(got, np.float32)
 
 
 # --- build section ---------------------------------------------------------------------------------
@@ -718,9 +510,11 @@ def format_table(result: dict) -> str:
     for r in result["results"]:
         ratio = "-" if r.get("vs_splat") is None else f"{r['vs_splat']:.2f}"
         chk = {True: "ok", False: "DIFF"}.get(r.get("agrees"), "-")
+        backend = r.get("splat_backend") and f"backend {r['splat_backend']}"
+        note = "; ".join(x for x in (backend, r.get("note")) if x)
         lines.append(
             f"{r['pattern'][:24]:24s} {r['S']:7d} {r['mode']:6s} {r['impl']:13s} {r['ms']:10.3f} "
-            f"{r['tflops']:9.4f} {ratio:>8s} {_fmt_bytes(r['temp_bytes']):>9s} {chk:>5s}  {r.get('note', '')}"
+            f"{r['tflops']:9.4f} {ratio:>8s} {_fmt_bytes(r['temp_bytes']):>9s} {chk:>5s}  {note}"
         )
     lines += ["", CHECK_RULE]
     if result.get("disagreements"):

@@ -4,8 +4,10 @@ Each peer turns a :class:`Problem` into a :class:`Prepared` run: a zero-argument
 callable that computes the attention (forward, or forward + backward) and waits
 for the device, plus XLA's temp-memory figure where the peer is a JAX program.
 For timing, a JAX peer also compiles ``Problem.per_sample`` calls chained into one
-executable (:func:`chain`), so no host dispatch falls between them, as attention
-inside a jitted training step; torch peers launch their calls one by one.
+executable (:func:`splat.tools.timing.chain`), so no host dispatch falls between
+them, as attention inside a jitted training step; torch peers launch their calls
+one by one. Peers that take only some masks recognise them from the layout
+(:mod:`splat.tools.mask_forms`).
 Peers import their libraries lazily; one that cannot run here raises
 :class:`PeerUnavailable` with the reason, which the benchmark prints.
 ``Prepared.outputs()`` returns what a run computes, so the benchmark can check
@@ -20,6 +22,9 @@ splat_unfused   all       ``splat.sddmm`` -> ``splat.softmax`` -> ``splat.spmm``
 dense_xla       all       einsum + where + softmax under ``jax.jit`` (S x S scores)
 cudnn           CUDA      ``jax.nn.dot_product_attention(implementation="cudnn")``;
                           full, causal and causal-window masks only
+flash_attn3     Hopper    FlashAttention-3, ``flash_attn3_jax.flash_mha``; full,
+                          causal, causal-window and (left, right) window masks,
+                          head dim 128, float16/bfloat16
 tokamax         CUDA      ``tokamax.dot_product_attention``; windows as
                           ``local_window_size``, other masks as a dense mask array
 flex            CUDA      PyTorch FlexAttention, ``torch.compile``d, with a
@@ -32,21 +37,24 @@ torch_sdpa      CUDA      dense torch SDPA (flash/efficient) with no mask at all
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from splat.tools.mask_forms import band_of, flash_attn3_arguments, mask_expression
+from splat.tools.timing import compile_timed
+
 __all__ = [
+    "FLASH_ATTN3_HEAD_DIMS",
     "PEERS",
     "Peer",
     "PeerUnavailable",
     "Prepared",
     "Problem",
-    "band_of",
-    "chain",
-    "compile_timed",
-    "mask_expression",
+    "jax_dtype",
+    "splat_backend",
 ]
 
 # A dense [S, S] mask array is built for a peer only up to this many elements.
@@ -68,7 +76,7 @@ class Problem:
       layout: its :class:`acsr.ACSR` for ``S x S``.
       dtype: "float32", "bfloat16" or "float16".
       mode: "fwd" or "fwdbwd".
-      backend: splat's backend ("auto", "jax", "triton").
+      backend: splat's backend, one of ``jax_bindings.BACKENDS``.
       per_sample: the fewest calls a timing sample makes; a JAX peer compiles that
         many chained calls into the one executable its ``launch()`` runs.
     """
@@ -121,6 +129,8 @@ class Prepared:
     launch: Callable[[], None] | None = None
     sync: Callable[[], None] | None = None
     calls_per_launch: int = 1
+    # splat's own peers: the jax_bindings backend that ran (splat_backend()); None for other peers
+    splat_backend: str | None = None
 
 
 @dataclass(frozen=True)
@@ -153,115 +163,48 @@ def _on_cuda() -> bool:
         return "nvidia" in dev.device_kind.lower()
 
 
-def _jax_dtype(name: str):
+def jax_dtype(name: str):
+    """The jnp dtype called ``name`` ("float32", "bfloat16" or "float16")."""
     import jax.numpy as jnp
 
     return {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}[name]
 
 
-def chain(fn: Callable, n: int, feed: Mapping[int, int]) -> Callable:
-    """``fn`` called ``n`` times back to back in one program, none merged, hoisted or dropped.
+def splat_backend(op: str, *args, backend: str = "auto") -> str:
+    """The jax_bindings backend that runs ``op`` on ``args`` (``"unknown"`` where it cannot say).
 
-    For timing a call without per-call host dispatch: ``jax.jit(chain(fn, n, feed))``
-    is one executable that makes ``n`` calls of ``fn``, each on inputs XLA must
-    treat as new values that exist only once the previous call is done:
-
-    * ``feed`` maps an argument index to the index of an output leaf
-      (``jax.tree.leaves`` order) that replaces it in the next call: attention's
-      ``out`` becomes the next ``q``, as in stacked layers. A true data
-      dependency, which every backend keeps (XLA:CPU removes optimization
-      barriers before its last CSE pass, and would merge calls on barriers alone).
-    * All arguments and the previous outputs pass together through one
-      ``jax.lax.optimization_barrier``, so work on the arguments that are not fed
-      (``k``, ``v``) is redone per call, not hoisted or shared (XLA:GPU keeps
-      barriers until after scheduling).
-    * One element of each output leaf that is not fed is summed into a returned
-      scalar: XLA prunes barrier outputs nobody reads, and with them the calls
-      that made them. Those leaves stay alive to the end (memory, not time).
-
-    The chain is unrolled in Python: a ``lax.fori_loop`` is an XLA while loop,
-    whose condition XLA:GPU reads back on the host every iteration.
-
-    Args:
-      fn: ``fn(*args) -> pytree of arrays``.
-      n: calls, at least 1.
-      feed: ``{argument index: output leaf index}``; shapes and dtypes must match.
-
-    Returns:
-      ``chained(*args) -> (last call's output, float32 scalar)``.
-
-    Example::
-
-        chained = jax.jit(chain(lambda x: jnp.tanh(x @ x), 3, {0: 0}))
-        out, _ = chained(jnp.eye(4))  # tanh applied 3 times, one dispatch
+    Asks ``jax_bindings.selected_backend(op, *args, backend=backend)`` where that
+    function exists; ``args`` are what the op takes (abstract arrays do).
     """
-    import jax
-    import jax.numpy as jnp
+    import jax_bindings
 
-    if n < 1:
-        raise ValueError(f"chain needs n >= 1 calls, got {n}")
-    fed = set(feed.values())
-
-    def chained(*args):
-        out = fn(*args)
-        kept = []  # one element of each output leaf not fed forward
-        for _ in range(n - 1):
-            args, out = jax.lax.optimization_barrier((list(args), out))
-            leaves = jax.tree.leaves(out)
-            for a, o in feed.items():
-                if (args[a].shape, args[a].dtype) != (leaves[o].shape, leaves[o].dtype):
-                    raise ValueError(
-                        f"feed {{{a}: {o}}}: output leaf {o} is {leaves[o].dtype}{list(leaves[o].shape)}, "
-                        f"argument {a} is {args[a].dtype}{list(args[a].shape)}"
-                    )
-                args[a] = leaves[o]
-            kept += [x.reshape(-1)[:1].astype(jnp.float32) for i, x in enumerate(leaves) if i not in fed]
-            out = fn(*args)
-        return out, jnp.concatenate(kept).sum() if kept else jnp.zeros((), jnp.float32)
-
-    return chained
+    select = getattr(jax_bindings, "selected_backend", None)
+    if select is None:
+        return "unknown"
+    try:
+        return str(select(op, *args, backend=backend))
+    except Exception as e:  # a record of what ran must not stop the run; say why it is missing
+        msg = str(e).strip().splitlines()
+        return f"unknown ({type(e).__name__}: {msg[0][:120] if msg else ''})"
 
 
-def compile_timed(
-    fn: Callable, args: tuple, n: int, feed: Mapping[int, int]
-) -> tuple[Callable, Callable[[], None], Callable[[], None]]:
-    """``fn`` compiled for ``args``, and a launcher that times ``n`` calls in one executable.
-
-    Returns ``(compiled, launch, sync)``: ``compiled(*args)`` makes one call (what
-    the benchmark checks and reads memory figures from); ``launch()`` enqueues one
-    run of ``chain(fn, n, feed)`` (:func:`chain`; ``compiled`` itself when ``n`` is
-    1) and ``sync()`` waits for it. Each executable runs once here, so runtime
-    failures (out of memory, ...) surface before any timing.
-    """
+def _abstract(problem: Problem):
+    """An abstract ``[B, S, H, D]`` array of the problem's dtype."""
     import jax
 
-    compiled = jax.jit(fn).lower(*args).compile()
-    jax.block_until_ready(compiled(*args))
-    timed = compiled if n == 1 else jax.jit(chain(fn, n, feed)).lower(*args).compile()
-    pending = []
-
-    def launch():
-        pending[:] = [timed(*args)]
-
-    def sync():
-        jax.block_until_ready(pending)
-
-    if n > 1:
-        launch()
-        sync()
-    return compiled, launch, sync
+    return jax.ShapeDtypeStruct(problem.q.shape, jax_dtype(problem.dtype))
 
 
 def _jax_program(attn: Callable, problem: Problem, extra_args: tuple = ()) -> tuple[Callable, tuple, dict]:
     """``(fn, args, feed)``: ``attn(q, k, v, *extra_args)`` (with its VJP in fwdbwd mode) on the inputs.
 
-    ``feed`` (see :func:`chain`) chains calls as stacked layers would: ``out`` is
+    ``feed`` (see :func:`splat.tools.timing.chain`) chains calls as stacked layers would: ``out`` is
     the next call's ``q``, and in fwdbwd mode ``dq`` its output cotangent ``do``.
     """
     import jax
     import jax.numpy as jnp
 
-    dt = _jax_dtype(problem.dtype)
+    dt = jax_dtype(problem.dtype)
     q, k, v, do = (jnp.asarray(a, dt) for a in (problem.q, problem.k, problem.v, problem.do))
     extra = tuple(jnp.asarray(a) for a in extra_args)
     if problem.mode == "fwd":
@@ -296,77 +239,6 @@ def _compile_jax(attn: Callable, problem: Problem, extra_args: tuple = ()) -> Pr
     return Prepared(run, temp, outputs=outputs, launch=launch, sync=sync, calls_per_launch=problem.per_sample)
 
 
-def band_of(layout) -> tuple[int, int] | None:
-    """``(left, right)`` when the layout is exactly the band ``i - left <= j <= i + right``, else None.
-
-    Works from the layout's rows (O(S) after one CSR pass), so any mask that *is*
-    a window qualifies, however it was written. ``left``/``right`` are capped at
-    ``kv_len - 1`` (so full attention is ``(S-1, S-1)`` and causal ``(S-1, 0)``).
-    """
-    import acsr
-
-    q_len, kv_len = layout.q_len, layout.kv_len
-    indptr, cols = acsr.to_csr(layout)
-    counts = np.diff(indptr)
-    if (counts == 0).any():
-        return None
-    first = cols[indptr[:-1]].astype(np.int64)
-    last = cols[indptr[1:] - 1].astype(np.int64)
-    if not np.array_equal(last - first + 1, counts):  # not one contiguous run per row
-        return None
-    r = np.arange(q_len)
-    left = int(min(max((r - first).max(), 0), kv_len - 1))
-    right = int(min(max((last - r).max(), 0), kv_len - 1))
-    if np.array_equal(first, np.clip(r - left, 0, kv_len - 1)) and np.array_equal(
-        last, np.clip(r + right, 0, kv_len - 1)
-    ):
-        return left, right
-    return None
-
-
-def mask_expression(mask) -> Callable | None:
-    """The mask as ``f(q_idx, kv_idx)`` written with operators only (``- % // < <= & |``).
-
-    The same function then runs on numpy arrays (tested against ``mask(q, kv)``)
-    and on torch tensors inside FlexAttention's ``mask_mod``. Returns None for
-    masks with no such form (arrays, user functions).
-    """
-    from splat import masks as M
-
-    if isinstance(mask, M.Full):
-        return lambda q, kv: (q >= 0) | (kv >= 0)
-    if isinstance(mask, M.Causal):
-        return lambda q, kv: kv <= q
-    if isinstance(mask, M.SlidingWindow):
-        left, right = mask.left, mask.right
-        return lambda q, kv: (q - kv <= left) & (kv - q <= right)
-    if isinstance(mask, M.DilatedWindow):
-        rad, dil = mask.radius, mask.dilation
-        return lambda q, kv: (q - kv <= rad) & (kv - q <= rad) & ((q - kv) % dil == 0)
-    if isinstance(mask, M.Strided):
-        st = mask.stride
-        return lambda q, kv: (q - kv >= 0) & ((q - kv) % st == 0)
-    if isinstance(mask, M.BlockLocal):
-        blk, lb = mask.block, mask.lookback
-        return lambda q, kv: (kv // blk <= q // blk) & (kv // blk >= q // blk - lb)
-    if isinstance(mask, M.GlobalTokens):
-        n = mask.n
-        return lambda q, kv: (q < n) | (kv < n)
-    if isinstance(mask, M.Sink):
-        n = mask.n
-        if mask.causal:
-            return lambda q, kv: (kv < n) & (kv <= q)
-        return lambda q, kv: (kv < n) & (q >= 0)
-    if isinstance(mask, (M.Union, M.Intersection)):
-        a, b = mask_expression(mask.a), mask_expression(mask.b)
-        if a is None or b is None:
-            return None
-        if isinstance(mask, M.Union):
-            return lambda q, kv: a(q, kv) | b(q, kv)
-        return lambda q, kv: a(q, kv) & b(q, kv)
-    return None
-
-
 # --- JAX peers ---------------------------------------------------------------------------
 
 
@@ -376,7 +248,11 @@ def _prep_splat(problem: Problem) -> Prepared:
     if not hasattr(splat, "attention"):
         raise PeerUnavailable("splat.attention is not available in this build")
     mask, backend = problem.mask, problem.backend
-    return _compile_jax(lambda q, k, v: splat.attention(q, k, v, mask=mask, backend=backend), problem)
+    x = _abstract(problem)
+    return replace(
+        _compile_jax(lambda q, k, v: splat.attention(q, k, v, mask=mask, backend=backend), problem),
+        splat_backend=splat_backend("attention", x, x, x, problem.layout, backend=backend),
+    )
 
 
 def _prep_splat_unfused(problem: Problem) -> Prepared:
@@ -391,7 +267,10 @@ def _prep_splat_unfused(problem: Problem) -> Prepared:
         p = splat.softmax(s, layout, scale=q.shape[-1] ** -0.5, backend=backend)
         return splat.spmm(p, v, layout, backend=backend)
 
-    return _compile_jax(attn, problem)
+    x = _abstract(problem)  # recorded: the backend of the first op, sddmm
+    return replace(
+        _compile_jax(attn, problem), splat_backend=splat_backend("sddmm", x, x, layout, backend=backend)
+    )
 
 
 def _dense_attention(q, k, v, mask):
@@ -460,6 +339,54 @@ def _prep_tokamax(problem: Problem) -> Prepared:
         return tokamax.dot_product_attention(q, k, v, mask=mask[None, None])
 
     return replace(_compile_jax(attn, problem, (problem.dense_mask(),)), note="dense mask array")
+
+
+# FlashAttention-3's Hopper kernels, as the JAX binding is built for them: these head dims only.
+FLASH_ATTN3_HEAD_DIMS = (128,)
+
+
+def _hopper() -> bool:
+    """Whether JAX's first device is an NVIDIA Hopper GPU (compute capability 9.x)."""
+    import jax
+
+    if not _on_cuda():
+        return False
+    cc = getattr(jax.devices()[0], "compute_capability", None)
+    return cc is not None and str(cc).split(".")[0] == "9"
+
+
+def _takes_keyword(fn: Callable, name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # no signature to read (a C extension, some wrappers)
+        return False
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def _prep_flash_attn3(problem: Problem) -> Prepared:
+    """``flash_attn3_jax.flash_mha(q, k, v, softmax_scale=None, is_causal=False, window_size=(-1, -1))``."""
+    try:
+        fa3 = importlib.import_module("flash_attn3_jax")
+    except ImportError as e:
+        raise PeerUnavailable(f"flash_attn3_jax is not installed ({e})") from None
+    if not _hopper():
+        raise PeerUnavailable("FlashAttention-3 needs an NVIDIA Hopper GPU (compute capability 9.x)")
+    if problem.dtype == "float32":
+        raise PeerUnavailable("FlashAttention-3 takes float16/bfloat16 only (use --dtype bfloat16)")
+    head_dim = problem.q.shape[-1]
+    if head_dim not in FLASH_ATTN3_HEAD_DIMS:
+        raise PeerUnavailable(f"FlashAttention-3 runs head dim {FLASH_ATTN3_HEAD_DIMS} only, not {head_dim}")
+    kw = flash_attn3_arguments(problem.layout)
+    if kw is None:
+        raise PeerUnavailable("FlashAttention-3 takes only full, causal and (left, right) window masks")
+    if _takes_keyword(fa3.flash_mha, "softmax_scale"):  # its default is the same 1/sqrt(D)
+        kw = {**kw, "softmax_scale": head_dim**-0.5}
+
+    def attn(q, k, v):
+        return fa3.flash_mha(q, k, v, **kw)
+
+    note = f"is_causal={kw['is_causal']}, window={kw['window_size']}"
+    return replace(_compile_jax(attn, problem), note=note)
 
 
 # --- torch peers -----------------------------------------------------------------------------
@@ -584,6 +511,7 @@ PEERS: dict[str, Peer] = {
         Peer("dense_xla", "dense masked attention, jnp einsum + where + softmax", _prep_dense_xla),
         Peer("cudnn", "jax.nn.dot_product_attention(implementation='cudnn')", _prep_cudnn, gpu_only=True),
         Peer("tokamax", "tokamax.dot_product_attention", _prep_tokamax, gpu_only=True),
+        Peer("flash_attn3", "FlashAttention-3, flash_attn3_jax.flash_mha", _prep_flash_attn3, gpu_only=True),
         Peer("flex", "torch.compile(flex_attention) + create_block_mask", _prep_flex, gpu_only=True),
         Peer(
             "torch_sdpa",

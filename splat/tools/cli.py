@@ -1,0 +1,202 @@
+"""The ``splat`` command line: ``splat analyze`` and ``splat bench`` (also ``python -m splat``).
+
+``splat analyze EXPR_OR_NPY`` prints how splat stores a mask (segments, strides,
+closed forms, residual, density); EXPR is a mask expression over the constructors
+in :mod:`splat.masks`, e.g. ``"sliding_window(256, 256) | global_tokens(4)"``
+(parsed by :func:`splat.masks.parse`, never evaluated), or the path of a boolean
+``.npy`` file. ``splat bench`` times splat against its peers (see
+:mod:`splat.tools.bench`). Run ``splat COMMAND --help`` for the options.
+
+Errors in what the user typed (a bad expression, a backend that cannot run here,
+a missing optional package) print one line, ``splat COMMAND: error: ...``, and
+exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+import sys
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = ["build_parser", "load_mask", "main", "version"]
+
+_DEFAULT_Q_LEN = 1024
+
+
+def version() -> str:
+    """The installed distribution's version (whatever its name), else ``splat.__version__``."""
+    for dist in importlib.metadata.packages_distributions().get("splat", []):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    import splat
+
+    return splat.__version__
+
+
+def load_mask(expr_or_npy: str, q_len: int | None, kv_len: int | None):
+    """Turns the CLI's EXPR_OR_NPY into ``(mask_or_array, q_len, kv_len)``.
+
+    A path ending in ``.npy`` (or naming an existing file) is loaded as a boolean
+    ``[q_len, kv_len]`` array; anything else is parsed by :func:`splat.masks.parse`,
+    with ``q_len`` defaulting to 1024 and ``kv_len`` to ``q_len``.
+
+    Raises:
+      ValueError: a bad expression or file, naming what is wrong.
+    """
+    if expr_or_npy.endswith(".npy") or os.path.isfile(expr_or_npy):
+        if not os.path.isfile(expr_or_npy):
+            raise ValueError(f"mask file {expr_or_npy!r} does not exist")
+        try:
+            arr = np.load(expr_or_npy, allow_pickle=False)
+        except Exception as e:  # corrupt file, pickled object, ...
+            raise ValueError(f"cannot read {expr_or_npy!r} as a .npy array: {e}") from None
+        if arr.dtype != np.bool_ or arr.ndim != 2:
+            raise ValueError(
+                f"mask file {expr_or_npy!r} must hold a 2-D boolean [q_len, kv_len] array, "
+                f"got dtype {arr.dtype} shape {arr.shape}"
+            )
+        for name, given, actual in (("--q-len", q_len, arr.shape[0]), ("--kv-len", kv_len, arr.shape[1])):
+            if given is not None and given != actual:
+                raise ValueError(f"{name} {given} does not match the array's shape {arr.shape}")
+        return arr, arr.shape[0], arr.shape[1]
+    from splat import masks
+
+    mask = masks.parse(expr_or_npy)
+    q_len = _DEFAULT_Q_LEN if q_len is None else q_len
+    kv_len = q_len if kv_len is None else kv_len
+    return mask, q_len, kv_len
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {n}")
+    return n
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {n}")
+    return n
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser of the ``splat`` command."""
+    from jax_bindings import BACKENDS
+    from splat import catalogue
+    from splat.tools.peers import PEERS
+
+    p = argparse.ArgumentParser(prog="splat", description="Sparse regular attention for JAX.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    a = sub.add_parser(
+        "analyze",
+        help="show how a mask is stored (segments, closed forms, residual)",
+        description="Analyze a mask and print its ACSR layout. EXPR_OR_NPY is a mask expression such as "
+        '"sliding_window(256, 256) | global_tokens(4)" (constructors of splat.masks with literal '
+        "arguments, '|', '&', parentheses; see splat.masks.parse) or a boolean .npy file.",
+    )
+    a.add_argument("mask", metavar="EXPR_OR_NPY")
+    a.add_argument("--q-len", type=_positive_int, default=None, help="query length (expression default 1024)")
+    a.add_argument("--kv-len", type=_positive_int, default=None, help="key length (default: q-len)")
+    a.add_argument("--plot", metavar="PNG", default=None, help="write a picture of the mask by segment")
+
+    b = sub.add_parser(
+        "bench",
+        help="time splat against its peers",
+        description="Time splat attention against dense XLA, cuDNN, tokamax, FlashAttention-3, "
+        "FlexAttention, torch SDPA and splat's unfused ops, in one process. Useful FLOPs = "
+        "4*B*H*nnz*D forward, 3.5x that for forward+backward.",
+    )
+    b.add_argument(
+        "--patterns",
+        nargs="+",
+        default=None,
+        help=f"mask expressions, or names from splat.catalogue: {', '.join(catalogue.names())} "
+        "(default: all but full and causal)",
+    )
+    b.add_argument("--lengths", nargs="+", type=_positive_int, default=None, help="sequence lengths S")
+    b.add_argument("--heads", type=_positive_int, default=None, help="heads H (default 4)")
+    b.add_argument("--head-dim", type=_positive_int, default=None, help="head dim D (default 64)")
+    b.add_argument("--batch", type=_positive_int, default=None, help="batch B (default 1)")
+    b.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
+    b.add_argument("--mode", choices=["fwd", "fwdbwd", "both"], default=None)
+    b.add_argument("--backend", choices=list(BACKENDS), default="auto", help="splat's backend")
+    b.add_argument(
+        "--peers",
+        nargs="+",
+        default=None,
+        help=f"peers to time: {', '.join(PEERS)} (default: all that apply)",
+    )
+    b.add_argument("--repeats", type=_positive_int, default=None, help="timed runs (median reported)")
+    b.add_argument("--warmup", type=_nonneg_int, default=None, help="untimed runs first")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--quick", action="store_true", help="few patterns, one small length, few repeats")
+    b.add_argument("--build", action="store_true", help="also time layout construction and analysis")
+    b.add_argument("--build-length", type=_positive_int, default=65536, help="S for the build section")
+    b.add_argument("--analyze-length", type=_positive_int, default=8192, help="S of the dense array analyzed")
+    b.add_argument("--out", metavar="JSON", default=None, help="write all settings and results here")
+    b.add_argument("--plot", metavar="PNG", default=None, help="write a plot of the results here")
+    return p
+
+
+def _cmd_analyze(args) -> int:
+    import splat
+
+    obj, q_len, kv_len = load_mask(args.mask, args.q_len, args.kv_len)
+    layout = splat.analyze(obj, q_len=q_len, kv_len=kv_len)
+    print(splat.report(obj, q_len=q_len, kv_len=kv_len).to_string())
+    print(layout.to_string())
+    if args.plot:
+        from splat.tools.plot import plot_mask
+
+        plot_mask(layout, args.plot, title=args.mask if not isinstance(obj, np.ndarray) else None)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _cmd_bench(args) -> int:
+    from splat.tools import bench
+
+    config = bench.BenchConfig.from_args(args)
+    result = bench.run_bench(config)
+    if args.out:
+        bench.write_json(result, args.out)
+        print(f"wrote {args.out}")
+    if args.plot:
+        from splat.tools.plot import plot_bench
+
+        plot_bench(result, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``splat`` console script and ``python -m splat``; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "analyze":
+            return _cmd_analyze(args)
+        return _cmd_bench(args)
+    except (ValueError, ImportError) as e:  # bad input, a backend that cannot run, a missing package
+        print(f"splat {args.command}: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""A splat mask in each peer's own terms: a band ``(left, right)``, an operator expression, FA3's arguments.
+
+Peers that take only some masks (cuDNN, tokamax, FlashAttention-3) recognise
+them from the layout, so a window qualifies however it was written;
+FlexAttention takes the mask as a function built from the mask value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+__all__ = ["band_of", "flash_attn3_arguments", "mask_expression"]
+
+
+def band_of(layout) -> tuple[int, int] | None:
+    """``(left, right)`` when the layout is exactly the band ``i - left <= j <= i + right``, else None.
+
+    Works from the layout's rows (O(S) after one CSR pass), so any mask that *is*
+    a window qualifies, however it was written. ``left``/``right`` are capped at
+    ``kv_len - 1`` (so full attention is ``(S-1, S-1)`` and causal ``(S-1, 0)``).
+    """
+    import acsr
+
+    q_len, kv_len = layout.q_len, layout.kv_len
+    indptr, cols = acsr.to_csr(layout)
+    counts = np.diff(indptr)
+    if (counts == 0).any():
+        return None
+    first = cols[indptr[:-1]].astype(np.int64)
+    last = cols[indptr[1:] - 1].astype(np.int64)
+    if not np.array_equal(last - first + 1, counts):  # not one contiguous run per row
+        return None
+    r = np.arange(q_len)
+    left = int(min(max((r - first).max(), 0), kv_len - 1))
+    right = int(min(max((last - r).max(), 0), kv_len - 1))
+    if np.array_equal(first, np.clip(r - left, 0, kv_len - 1)) and np.array_equal(
+        last, np.clip(r + right, 0, kv_len - 1)
+    ):
+        return left, right
+    return None
+
+
+def mask_expression(mask) -> Callable | None:
+    """The mask as ``f(q_idx, kv_idx)`` written with operators only (``- % // < <= & |``).
+
+    The same function then runs on numpy arrays (tested against ``mask(q, kv)``)
+    and on torch tensors inside FlexAttention's ``mask_mod``. Returns None for
+    masks with no such form (arrays, user functions).
+    """
+    from splat import masks as M
+
+    if isinstance(mask, M.Full):
+        return lambda q, kv: (q >= 0) | (kv >= 0)
+    if isinstance(mask, M.Causal):
+        return lambda q, kv: kv <= q
+    if isinstance(mask, M.SlidingWindow):
+        left, right = mask.left, mask.right
+        return lambda q, kv: (q - kv <= left) & (kv - q <= right)
+    if isinstance(mask, M.DilatedWindow):
+        rad, dil = mask.radius, mask.dilation
+        return lambda q, kv: (q - kv <= rad) & (kv - q <= rad) & ((q - kv) % dil == 0)
+    if isinstance(mask, M.Strided):
+        st = mask.stride
+        return lambda q, kv: (q - kv >= 0) & ((q - kv) % st == 0)
+    if isinstance(mask, M.BlockLocal):
+        blk, lb = mask.block, mask.lookback
+        return lambda q, kv: (kv // blk <= q // blk) & (kv // blk >= q // blk - lb)
+    if isinstance(mask, M.GlobalTokens):
+        n = mask.n
+        return lambda q, kv: (q < n) | (kv < n)
+    if isinstance(mask, M.Sink):
+        n = mask.n
+        if getattr(mask, "causal", False):  # causal sinks: key j < n only once the query has reached it
+            return lambda q, kv: (kv < n) & (kv <= q)
+        return lambda q, kv: (kv < n) & (q >= 0)
+    if isinstance(mask, (M.Union, M.Intersection)):
+        a, b = mask_expression(mask.a), mask_expression(mask.b)
+        if a is None or b is None:
+            return None
+        if isinstance(mask, M.Union):
+            return lambda q, kv: a(q, kv) | b(q, kv)
+        return lambda q, kv: a(q, kv) & b(q, kv)
+    return None
+
+
+def flash_attn3_arguments(layout) -> dict | None:
+    """``flash_attn3_jax.flash_mha`` keywords computing exactly ``layout``, or None when none do.
+
+    FlashAttention's windows (``q_len == kv_len``): query ``i`` sees keys
+    ``i - left <= j <= i + right``, ``-1`` meaning no bound on that side, and
+    ``is_causal=True`` caps ``right`` at 0. So a band (:func:`band_of`) is
+    ``is_causal=True`` when ``right == 0``, with ``window_size=(left, 0)``
+    (``(-1, -1)`` for plain causal); else ``window_size=(left, right)``, a side
+    that spans the whole sequence written ``-1`` (full attention: ``(-1, -1)``).
+
+    Returns:
+      ``{"is_causal": bool, "window_size": (left, right)}``, or None for a
+      non-square layout or a mask that is not a band.
+    """
+    if layout.q_len != layout.kv_len:
+        return None
+    band = band_of(layout)
+    if band is None:
+        return None
+    s = layout.q_len
+    left, right = (-1 if w >= s - 1 else w for w in band)
+    if right == 0:
+        return {"is_causal": True, "window_size": (left, 0) if left >= 0 else (-1, -1)}
+    return {"is_causal": False, "window_size": (left, right)}

@@ -1,0 +1,261 @@
+"""PNG plots for the CLI: a mask coloured by ACSR segment, and benchmark results.
+
+matplotlib is imported lazily (``pip install "splat[plot]"``), with the Agg
+backend, so plotting works on machines with no screen. Figures use matplotlib's
+constrained layout, so titles, labels and legends stay inside the picture.
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+
+import numpy as np
+
+__all__ = ["bench_figure", "bench_ratios", "mask_figure", "plot_bench", "plot_mask", "segment_image"]
+
+# Largest number of (row, column) pairs enumerated at once while drawing a mask.
+_CHUNK = 1 << 22
+# Titles wrap at this many characters (a long mask expression would run past the figure).
+_TITLE_WIDTH = 70
+# Figures are drawn and saved at this resolution, so a mask picture can be sized to the screen pixels.
+_DPI = 110
+# Space left between a mask picture and the axes' frame, as a fraction of each side (keeps the first
+# and last rows and columns, often the thin global ones, clear of the frame's lines).
+_FRAME_PAD = 0.01
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise ImportError(
+            "plotting needs matplotlib: pip install matplotlib (or the extra: pip install -e '.[plot]')"
+        ) from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _wrap(text: str) -> str:
+    return "\n".join(textwrap.fill(line, _TITLE_WIDTH) for line in text.splitlines())
+
+
+def segment_image(layout, max_pixels: int | tuple[int, int] = 1024) -> np.ndarray:
+    """Label picture of a layout, int16 ``[rows, cols]``: 0 empty, k + 1 segment k, K + 1 residual.
+
+    A layout larger than ``max_pixels`` on a side is pooled: each pixel stands
+    for a cell of ``fr x fc`` mask entries (``fr = ceil(q_len / max_rows)``,
+    ``fc = ceil(kv_len / max_cols)``) and shows the highest label of any nonzero in the cell, so
+    thin parts (a few global rows or columns, a sparse stride) stay visible at
+    any size. Works from the segments' ``base/stride/count`` rows and the
+    residual's blocks, never building the dense ``q_len x kv_len`` mask: the
+    cost is O(q_len + pixels) plus the residual's nonzeros and those of rows
+    whose stride is wider than a cell (each of their columns lights a cell of
+    its own).
+
+    Args:
+      layout: an :class:`acsr.ACSR`.
+      max_pixels: the largest side of the picture, or ``(max_rows, max_cols)``.
+    """
+    max_rows, max_cols = (max_pixels, max_pixels) if isinstance(max_pixels, int) else max_pixels
+    if min(max_rows, max_cols) < 1:
+        raise ValueError(f"max_pixels must be positive, got {max_pixels!r}")
+    fr = max(1, -(-layout.q_len // max_rows))
+    fc = max(1, -(-layout.kv_len // max_cols))
+    n_rows, n_cols = -(-layout.q_len // fr), -(-layout.kv_len // fc)
+    img = np.zeros((n_rows, n_cols), np.int16)
+    for k, seg in enumerate(layout.segments):
+        img[_segment_cells(seg, fr, fc, n_rows, n_cols)] = k + 1
+    if layout.residual is not None:
+        rows, cols = layout.residual.nonzeros()
+        keep = (rows < layout.q_len) & (cols < layout.kv_len)
+        img[rows[keep] // fr, cols[keep] // fc] = len(layout.segments) + 1
+    return img
+
+
+def _segment_cells(seg, fr: int, fc: int, n_rows: int, n_cols: int) -> np.ndarray:
+    """Bool ``[n_rows, n_cols]``: the ``fr x fc`` cells holding a column of the segment."""
+    count = seg.count.astype(np.int64)
+    rows = np.nonzero(count > 0)[0]
+    base, stride, count = seg.base[rows].astype(np.int64), seg.stride[rows].astype(np.int64), count[rows]
+    cells = np.zeros((n_rows, n_cols), bool)
+    # Steps of at most fc columns leave no cell between the first and last column empty: mark
+    # the run of cells [first // fc, last // fc] with +1/-1 at its ends and a running sum.
+    run = (stride <= fc) | (count == 1)
+    r, lo = rows[run] // fr, base[run] // fc
+    hi = (base[run] + stride[run] * (count[run] - 1)) // fc
+    edges = np.zeros((n_rows, n_cols + 1), np.int64)
+    np.add.at(edges, (r, lo), 1)
+    np.add.at(edges, (r, hi + 1), -1)
+    cells |= np.cumsum(edges[:, :n_cols], axis=1) > 0
+    # Longer steps put each column in a cell of its own, so a row has at most n_cols of them.
+    rows, base, stride, count = rows[~run], base[~run], stride[~run], count[~run]
+    start = 0
+    while start < rows.size:
+        stop = start + max(1, int(np.searchsorted(np.cumsum(count[start:]), _CHUNK)))
+        c = count[start:stop]
+        which = np.repeat(np.arange(c.size), c)
+        t = np.arange(which.size) - np.repeat(np.cumsum(c) - c, c)
+        cols = base[start:stop][which] + stride[start:stop][which] * t
+        cells[rows[start:stop][which] // fr, cols // fc] = True
+        start = stop
+    return cells
+
+
+def mask_figure(layout, title: str | None = None, max_pixels: int = 1024):
+    """The matplotlib figure :func:`plot_mask` saves (for callers that want to adjust it).
+
+    The picture gets at most one pixel per screen pixel of its axes (and at most
+    ``max_pixels`` a side), pooled by :func:`segment_image`, so the renderer never
+    drops a row or column of it: thin parts stay visible.
+    """
+    plt = _pyplot()
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    n_seg = len(layout.segments)
+    palette = ["#ffffff", "#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
+    colors = palette[: n_seg + 1] + ["#d62728"]  # residual in red
+    fig, ax = plt.subplots(
+        figsize=(6.4, 6.4 * min(2.0, max(0.3, layout.q_len / layout.kv_len))), dpi=_DPI, layout="constrained"
+    )
+    head = f"{title}\n" if title else ""
+    ax.set_title(
+        _wrap(f"{head}{layout.q_len}x{layout.kv_len}, nnz {layout.nnz}, density {layout.density():.4f}"),
+        fontsize=9,
+    )
+    ax.set_xlabel("key j")
+    ax.set_ylabel("query i")
+    handles = []
+    for k, s in enumerate(layout.segments):
+        st = s.uniform_stride
+        law = "closed form" if s.closed_form is not None else "per-row arrays"
+        handles.append(Patch(color=colors[k + 1], label=f"segment {k} (stride {st or 'varies'}, {law})"))
+    if layout.residual is not None:
+        handles.append(
+            Patch(color=colors[-1], label=f"residual ({int(layout.residual.num_blocks.sum())} blocks)")
+        )
+    if handles:  # below the axes, where it hides no part of the mask
+        fig.legend(handles=handles, loc="outside lower center", ncols=min(2, len(handles)), fontsize=8)
+    fig.draw_without_rendering()  # lays the figure out: the axes' size in pixels is now known
+    box = ax.get_window_extent()
+    fit = tuple(max(1, int(n / (1 + 2 * _FRAME_PAD))) for n in (box.height, box.width))
+    img = segment_image(layout, (min(max_pixels, fit[0]), min(max_pixels, fit[1])))
+    ax.imshow(
+        img,
+        cmap=ListedColormap(colors),
+        vmin=0,
+        vmax=len(colors) - 1,
+        interpolation="nearest",
+        extent=(0, layout.kv_len, layout.q_len, 0),
+        aspect="auto",
+    )
+    pad_r, pad_c = _FRAME_PAD * layout.q_len, _FRAME_PAD * layout.kv_len
+    ax.set_xlim(-pad_c, layout.kv_len + pad_c)
+    ax.set_ylim(layout.q_len + pad_r, -pad_r)
+    fr, fc = -(-layout.q_len // img.shape[0]), -(-layout.kv_len // img.shape[1])
+    if fr * fc > 1:
+        ax.set_xlabel(f"key j    (a pixel is {fr}x{fc} entries, lit where any is)")
+    return fig
+
+
+def plot_mask(layout, path: str, title: str | None = None, max_pixels: int = 1024) -> None:
+    """Writes a PNG of the mask, each ACSR segment (and the residual) in its own colour.
+
+    Args:
+      layout: an :class:`acsr.ACSR` (e.g. from ``splat.analyze``).
+      path: where the PNG goes (folders are created).
+      title: optional title (the mask expression, say); long titles wrap.
+      max_pixels: larger masks are pooled down to at most this many pixels a
+        side, and to no more than the plot's screen pixels (see :func:`segment_image`).
+    """
+    _save(mask_figure(layout, title, max_pixels), path)
+
+
+def bench_ratios(result: dict) -> dict[str, dict[tuple[str, int, str], float]]:
+    """Speed-up of splat over each peer: ``{peer: {(pattern, S, mode): peer ms / splat ms}}``.
+
+    From a ``splat bench`` result's rows (``vs_splat``); peers with no ratio
+    (splat itself, rows where splat did not run) are left out.
+    """
+    out: dict[str, dict] = {}
+    for r in result["results"]:
+        if r["impl"] != "splat" and r.get("vs_splat") is not None:
+            out.setdefault(r["impl"], {})[(r["pattern"], r["S"], r["mode"])] = float(r["vs_splat"])
+    return out
+
+
+def bench_figure(result: dict):
+    """The matplotlib figure :func:`plot_bench` saves: per mode, TFLOP/s and the speed-up over each peer."""
+    plt = _pyplot()
+    rows = result["results"]
+    if not rows:
+        raise ValueError("the benchmark result has no timed rows to plot")
+    modes = sorted({r["mode"] for r in rows}, key=["fwd", "fwdbwd"].index)
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    groups = list(dict.fromkeys((r["pattern"], r["S"]) for r in rows))
+    ratios = bench_ratios(result)
+    panels = 2 if ratios else 1
+    fig, axes = plt.subplots(
+        len(modes) * panels,
+        1,
+        figsize=(max(6.4, 1.0 * len(groups) * max(1, len(impls)) / 2.5), 3.6 * len(modes) * panels),
+        squeeze=False,
+        dpi=_DPI,
+        layout="constrained",
+    )
+    x = np.arange(len(groups))
+    labels = [f"{p}\nS={s}" for p, s in groups]
+    device = result["environment"]["device"]
+    for m, mode in enumerate(modes):
+        ax = axes[m * panels, 0]
+        by = {(r["pattern"], r["S"], r["impl"]): r["tflops"] for r in rows if r["mode"] == mode}
+        width = 0.8 / len(impls)
+        for i, impl in enumerate(impls):
+            vals = [by.get((p, s, impl), np.nan) for p, s in groups]
+            ax.bar(x + (i - (len(impls) - 1) / 2) * width, vals, width, label=impl)
+        ax.set_xticks(x, labels, fontsize=7)
+        ax.set_ylabel("useful TFLOP/s")
+        ax.set_title(_wrap(f"{mode} on {device}  ({result.get('flop_formula', '')})"), fontsize=8)
+        ax.legend(fontsize=7)
+        if not ratios:
+            continue
+        ax = axes[m * panels + 1, 0]
+        peers = list(ratios)
+        width = 0.8 / len(peers)
+        for i, peer in enumerate(peers):
+            vals = [ratios[peer].get((p, s, mode), np.nan) for p, s in groups]
+            bars = ax.bar(x + (i - (len(peers) - 1) / 2) * width, vals, width, label=f"vs {peer}")
+            ax.bar_label(bars, fmt="%.2g", fontsize=6)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_yscale("log")
+        ax.set_xticks(x, labels, fontsize=7)
+        ax.set_ylabel("splat speed-up (x)")
+        ax.set_title(f"{mode}: peer ms / splat ms (above 1: splat is faster)", fontsize=8)
+        ax.legend(fontsize=7)
+    return fig
+
+
+def plot_bench(result: dict, path: str) -> None:
+    """Writes a PNG of a ``splat bench`` result.
+
+    One panel per mode with the useful TFLOP/s of each implementation, and
+    beneath it (when splat ran) the speed-up of splat over each peer per
+    pattern, ``peer ms / splat ms`` on a log scale.
+
+    Args:
+      result: the dict returned by ``splat.tools.bench.run_bench`` (or loaded from its JSON).
+      path: where the PNG goes (folders are created).
+    """
+    _save(bench_figure(result), path)
+
+
+def _save(fig, path: str) -> None:
+    import matplotlib.pyplot as plt
+
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fig.savefig(path, dpi=_DPI)
+    plt.close(fig)
