@@ -20,6 +20,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from jax_bindings import check_backend
+
 __all__ = ["SparseAttentionFallbackWarning", "sparse_attention"]
 
 # parameter names of jax.nn.dot_product_attention (and flax's attention_fn) we understand
@@ -155,7 +157,7 @@ def sparse_attention(
         or a vectorised ``f(q_idx, kv_idx)``. None switches to detection mode:
         the mask is found inside ``fn`` at trace time (:func:`splat.sparsify`,
         with ``empty_rows="fallback"``).
-      backend: "auto" | "jax" | "triton", passed to :func:`splat.attention`.
+      backend: one of ``jax_bindings.BACKENDS``, passed to :func:`splat.attention`.
       fallback: when a call passes something splat cannot honour (a ``bias``,
         dropout, per-batch sequence lengths, a traced or per-head ``mask``),
         False raises ``ValueError`` naming it; True calls ``fn`` itself and
@@ -173,8 +175,7 @@ def sparse_attention(
       >>> attn(q, q, q, is_causal=True).shape      # sliding_window(4) & causal
       (1, 32, 2, 8)
     """
-    if backend not in ("auto", "jax", "triton"):
-        raise ValueError(f'backend must be "auto", "jax" or "triton", got {backend!r}')
+    check_backend(backend)
     if fn is None:
         return functools.partial(sparse_attention, mask=mask, backend=backend, fallback=fallback)
     if not callable(fn):

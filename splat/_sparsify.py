@@ -63,6 +63,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jex_core
 
+from jax_bindings import check_backend
+
 __all__ = ["SparsifyWarning", "sparsify"]
 
 # A where-fill or additive-bias entry at or below this counts as "masked out".
@@ -1452,7 +1454,7 @@ def sparsify(
     Args:
       fn: the function; its array arguments may be any pytree. Python scalars
         and concrete boolean arrays among the arguments are treated as static.
-      backend: passed to :func:`splat.attention` ("auto" | "jax" | "triton").
+      backend: passed to :func:`splat.attention` (one of ``jax_bindings.BACKENDS``).
       fallback: when no attention can be replaced (none found, or its mask
         depends on the inputs), True runs ``fn`` unchanged and emits a
         :class:`SparsifyWarning` once per reason; False raises ``ValueError``.
@@ -1478,8 +1480,7 @@ def sparsify(
       >>> attn(q, q, q).shape
       (1, 32, 2, 8)
     """
-    if backend not in ("auto", "jax", "triton"):
-        raise ValueError(f'backend must be "auto", "jax" or "triton", got {backend!r}')
+    check_backend(backend)
     if empty_rows not in ("fallback", "zero"):
         raise ValueError(f'empty_rows must be "fallback" or "zero", got {empty_rows!r}')
     if fn is None:

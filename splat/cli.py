@@ -21,6 +21,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from jax_bindings import BACKENDS
+
 __all__ = ["SpecError", "main", "mask_constructors", "parse_mask_spec"]
 
 # Constructors that take arrays or callables cannot be written as int literals.
@@ -196,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--batch", type=_positive_int, default=None, help="batch B (default 1)")
     b.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
     b.add_argument("--mode", choices=["fwd", "fwdbwd", "both"], default=None)
-    b.add_argument("--backend", choices=["auto", "jax", "triton"], default="auto", help="splat's backend")
+    b.add_argument("--backend", choices=BACKENDS, default="auto", help="splat's backend")
     b.add_argument("--peers", nargs="+", default=None, help="peers to time (default: all that apply)")
     b.add_argument("--repeats", type=_positive_int, default=None, help="timed runs (median reported)")
     b.add_argument("--warmup", type=_nonneg_int, default=None, help="untimed runs first")

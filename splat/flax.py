@@ -22,6 +22,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from jax_bindings import check_backend
+
 __all__ = ["attention_fn"]
 
 
@@ -33,7 +35,7 @@ def attention_fn(mask: Any = None, backend: str = "auto", *, fallback: bool = Fa
         ``[q_len, kv_len]`` array or a vectorised ``f(q_idx, kv_idx)``; None
         means full attention (useful with ``is_causal`` or a call-time mask).
         Each layer may get its own (e.g. alternating local/global layers).
-      backend: "auto" | "jax" | "triton".
+      backend: one of ``jax_bindings.BACKENDS`` (see :func:`splat.attention`).
       fallback: when a call asks for what splat cannot do (an attention
         ``bias``, dropout during training, ``sow_weights``, a traced or per-head
         ``mask``), False raises ``ValueError`` naming it; True runs
@@ -51,8 +53,7 @@ def attention_fn(mask: Any = None, backend: str = "auto", *, fallback: bool = Fa
     """
     from splat._decorator import _as_base_mask, _Unsupported, combine_call_masks, mask_from_array
 
-    if backend not in ("auto", "jax", "triton"):
-        raise ValueError(f'backend must be "auto", "jax" or "triton", got {backend!r}')
+    check_backend(backend)
     base = _as_base_mask(mask)
     base_array = mask if base is None and mask is not None else None
     warned: set = set()
