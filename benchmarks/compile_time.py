@@ -140,11 +140,13 @@ def _child(a: argparse.Namespace) -> dict:
     import numpy as np
 
     import splat
-    from jax_bindings import _dispatch
+    from jax_bindings import _dispatch, _registry
     from splat import masks
 
     t_splat = time.perf_counter()
-    backend = _dispatch.resolve(a.backend)  # imports the triton backend (and jax-triton) on a GPU
+    # imports the backend modules that can run here (triton and jax-triton on a GPU): all for "auto"
+    want = _registry.names() if a.backend == "auto" else (a.backend,)
+    available = {name: _registry.unavailable(name) for name in want}
     t_backend = time.perf_counter()
     clock = _Clock(jax)
     dev = jax.devices()[0]
@@ -152,12 +154,13 @@ def _child(a: argparse.Namespace) -> dict:
         "import_jax_s": t_jax - _T0,
         "import_splat_s": t_splat - t_jax,
         "import_backend_s": t_backend - t_splat,
-        "backend": backend,
+        "backend": a.backend,  # the one running the attention: set once the layout exists
+        "available": available,
         "device": getattr(dev, "device_kind", str(dev)),
         "platform": jax.default_backend(),
         "jax_cache": bool(a.jax_cache),
     }
-    if backend == "triton":
+    if "triton" in available and available["triton"] is None:
         from jax_bindings._triton import backend as _triton
 
         rec["compile_cache_installed"] = _triton.COMPILE_CACHE_INSTALLED
@@ -233,6 +236,9 @@ def _child(a: argparse.Namespace) -> dict:
     arr["counts"] = clock.delta(clock.snapshot(), s7)
     arr["layout_equal"] = bool(lay3 == small)
     rec["from_array"] = arr
+    # after the timings: which backend ran the attention (traced again, abstractly)
+    scale = a.head_dim**-0.5
+    rec["backend"] = _dispatch.selected_backend("attention", q, k, v, layout, scale, backend=a.backend)
     return rec
 
 

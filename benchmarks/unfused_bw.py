@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> dict:
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "environment": env,
         "settings": vars(args) | {"out": out},
-        "backend": _dispatch.resolve(args.backend),
+        "backend": None,  # the backend running the first pattern's sddmm (set below)
         "byte_formulas": BYTE_FORMULAS,
         "flop_formulas": FLOP_FORMULAS,
         "bound_rule": BOUND_RULE,
@@ -275,6 +275,8 @@ def main(argv: list[str] | None = None) -> dict:
             kq, kk, kv = jax.random.split(jax.random.key(args.seed), 3)
             q, k, v = (jax.random.normal(r, (b, s, h, d), jnp.float32).astype(dtype) for r in (kq, kk, kv))
             sizes = dict(b=b, sq=s, skv=s, h=h, hk=h, d=d, w=layout.nnz_max, nnz=int(layout.nnz), e=e)
+            if result["backend"] is None:
+                result["backend"] = _dispatch.selected_backend("sddmm", q, k, layout, backend=backend)
             base = {
                 "pattern": name,
                 "mask": repr(mask),

@@ -1,12 +1,15 @@
-"""JAX bindings: the backend seam and the pure-JAX backend.
+"""JAX bindings: the backend seam, the backend registry and the backends.
 
-``jax_bindings._dispatch`` documents the backend contract and wraps every
-backend in ``custom_vjp`` (outside) and ``custom_vmap`` (inside);
-``jax_bindings._pure`` is the pure-JAX backend; ``jax_bindings._triton`` is the
-Triton target (kernel specs, code generator, kernel cache, launchers; its
-jax-triton backend module needs a GPU and is imported only when selected).
-Imports run one way: ``splat -> jax_bindings -> acsr``; nothing here imports
-``splat``. Users call ``splat.attention`` and friends.
+``jax_bindings._dispatch`` documents the backend contract and is its one call
+point: ``custom_vjp`` outside, ``custom_vmap`` inside, and ``backend="auto"``
+trying the backends of ``jax_bindings._registry`` in order, moving on only when
+one raises ``NotImplementedError``. Backends: ``jax_bindings._pure`` (pure JAX,
+every platform), ``jax_bindings._triton`` and ``jax_bindings._cudnn`` (GPU,
+imported only there). ``jax_bindings._tuning`` reads the per-device tuning
+store. Users call ``splat.attention`` and friends.
+``jax_bindings._triton`` is the Triton target (kernel specs, code generator, kernel
+cache, launchers; its jax-triton backend module needs a GPU). Imports run one way:
+``splat -> jax_bindings -> acsr``; nothing here imports ``splat``.
 """
 
 from jax_bindings._dispatch import (
@@ -14,9 +17,10 @@ from jax_bindings._dispatch import (
     BackendUnavailableError,
     attention,
     attention_with_lse,
+    available_backends,
     check_backend,
-    resolve,
     sddmm,
+    selected_backend,
     softmax,
     spmm,
 )
@@ -26,9 +30,10 @@ __all__ = [
     "BackendUnavailableError",
     "attention",
     "attention_with_lse",
+    "available_backends",
     "check_backend",
-    "resolve",
     "sddmm",
+    "selected_backend",
     "softmax",
     "spmm",
 ]

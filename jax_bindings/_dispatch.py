@@ -3,7 +3,7 @@
 Backend contract
 ================
 
-A backend is a module exposing exactly the functions below. Every one is a
+A backend is a module exposing the functions below. Every one is a
 pure function of jax arrays plus two static arguments, ``layout`` (an
 :class:`acsr.ACSR`, hashable, sizes ``q_len = Sq`` and ``kv_len = Skv``) and
 ``scale`` (a positive Python float). ``G = H // Hk`` query heads share one KV
@@ -55,108 +55,140 @@ Unfused ops (padded value arrays ``[B, H, Sq, N]``, slots as in
     ``dout: [B, Sq, H, D]``; ``dprobs`` like ``probs`` (0 at padding), ``dv``
     like ``v``.
 
-A backend that cannot handle a particular call (a head dim, a layout) raises
-``NotImplementedError`` at trace time; under ``backend="auto"`` the call then
-falls back to the ``"jax"`` backend. Backends: ``"jax"`` =
-:mod:`jax_bindings._pure`, ``"triton"`` = :mod:`jax_bindings._triton`
-(imported lazily, only when selected).
+Declaring a backend, and refusing a call
+----------------------------------------
+
+A backend is one module defining every function above plus one
+:class:`~jax_bindings._registry.Backend` entry in
+:data:`jax_bindings._registry.ENTRIES`: its name (the ``backend=`` value), the
+module path (imported on first use, only on the platforms the entry names), a
+one-line description, and those platforms. A module whose requirements are
+missing raises ImportError on import; :func:`available_backends` reports it.
+
+A module may also define ``attention(q, k, v, layout, scale) -> out``: a fused
+attention that JAX differentiates and batches by itself (a call of
+``jax.nn.dot_product_attention``, say). Where it does, the differentiable
+:func:`attention` calls it as it is, with no ``custom_vjp`` or ``custom_vmap``
+around it, and ``attention_fwd`` serves only :func:`attention_with_lse`.
+
+A backend refuses a call it cannot take (a head dim, a dtype, a mask, a
+platform) by raising ``NotImplementedError("<why>")`` at trace time, and for
+that raises nothing else. ``backend="auto"`` tries the backends available here
+in the order of :func:`jax_bindings._registry.auto_order` (the tuning store's
+ranking for the fused ops, ``"jax"`` last: it takes every call) and moves to
+the next one only on ``NotImplementedError``; any other exception is a bug and
+reaches the caller. Each op is placed on its own: a backward op goes to the
+first backend, from the forward's onward, that takes it (``out``/``lse`` mean
+the same from every backend). Landing on ``"jax"`` when a backend meant for
+this platform refused or could not load warns once per reason. A backend named
+explicitly gets no fallback: its ``NotImplementedError`` reaches the caller,
+and :class:`BackendUnavailableError` says why it cannot run here at all.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 import warnings
-from types import ModuleType
 
 import jax
 import jax.numpy as jnp
 
 from acsr import ACSR
-
-BACKENDS = ("auto", "jax", "triton")
-_MODULES = {"jax": "jax_bindings._pure", "triton": "jax_bindings._triton"}
-_OPS = (
-    "attention_fwd",
-    "attention_bwd",
-    "sddmm",
-    "sddmm_bwd",
-    "softmax",
-    "softmax_bwd",
-    "spmm",
-    "spmm_bwd",
+from jax_bindings import _registry
+from jax_bindings._registry import (
+    BACKENDS,
+    FALLBACK,
+    BackendUnavailableError,
+    available_backends,
+    check_backend,
 )
 
+__all__ = [
+    "BACKENDS",
+    "BackendUnavailableError",
+    "attention",
+    "attention_with_lse",
+    "available_backends",
+    "check_backend",
+    "sddmm",
+    "selected_backend",
+    "softmax",
+    "spmm",
+]
 
-class BackendUnavailableError(RuntimeError):
-    """``backend="triton"`` was asked for explicitly but cannot run here."""
+# op -> (array arguments, static arguments), as the public functions below take them
+_SIGNATURES = {
+    "attention": (("q", "k", "v"), ("layout", "scale")),
+    "attention_with_lse": (("q", "k", "v"), ("layout", "scale")),
+    "sddmm": (("q", "k"), ("layout",)),
+    "softmax": (("scores",), ("layout", "scale")),
+    "spmm": (("probs", "v"), ("layout",)),
+}
 
 
-@functools.cache
-def _import(name: str) -> ModuleType:
-    mod = importlib.import_module(_MODULES[name])
-    missing = [op for op in _OPS if not callable(getattr(mod, op, None))]
-    if missing:
-        raise NotImplementedError(f"backend module {mod.__name__} lacks {', '.join(missing)}")
-    return mod
+# -----------------------------------------------------------------------------
+# the one call point: the backends to try, and trying them
+# -----------------------------------------------------------------------------
 
 
-def check_backend(backend) -> str:
-    """Validates a ``backend=`` argument; returns it."""
-    if not isinstance(backend, str) or backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    return backend
-
-
-def resolve(backend: str) -> str:
-    """The concrete backend name ("jax" or "triton") for a ``backend=`` argument.
-
-    ``"auto"`` is ``"triton"`` when ``jax.default_backend() == "gpu"`` and the
-    triton backend imports, else ``"jax"``. ``"triton"`` given explicitly raises
-    :class:`BackendUnavailableError` when it cannot be imported.
-    """
+def _order(op: str, backend: str, arrays: tuple, static: tuple) -> tuple[str, ...]:
+    """The backends to try for this call, in order (outside jit: the tuple is a static argument)."""
     check_backend(backend)
-    if backend == "jax":
-        return "jax"
-    if backend == "triton":
-        try:
-            _import("triton")
-        except (ImportError, NotImplementedError) as e:
+    if backend != "auto":
+        why = _registry.unavailable(backend)
+        if why is not None:
             raise BackendUnavailableError(
-                f'backend="triton" was requested but cannot be used here: {e}. '
-                'It needs a CUDA GPU with triton and jax_triton installed; use backend="jax" '
-                'or backend="auto" to run the pure-JAX implementation.'
-            ) from e
-        return "triton"
-    if jax.default_backend() != "gpu":
-        return "jax"
-    try:
-        _import("triton")
-    except (ImportError, NotImplementedError) as e:
-        _warn_fallback(str(e))
-        return "jax"
-    return "triton"
+                f'backend="{backend}" was requested but cannot be used here: {why}. Use backend="auto" '
+                f'to run the best backend available here, or backend="{FALLBACK}" (every platform).'
+            )
+        return (backend,)
+    head_dim = arrays[0].shape[-1] if op in _registry.RANKED_OPS else None  # q: [B, Sq, H, D]
+    return _registry.auto_order(op, static[0], head_dim, arrays[0].dtype)
+
+
+def _first(names: tuple[str, ...], what: str, run, *, auto: bool = False, quiet: bool = False):
+    """``(name, run(i))`` for the first ``names[i]`` that does not refuse (NotImplementedError).
+
+    Only ``NotImplementedError`` moves on; the last name's refusal (an explicit
+    backend's, the only name then) reaches the caller, with a note. Landing on
+    the pure-JAX backend after a refusal, or under "auto" while a backend meant
+    for this platform cannot load, warns unless ``quiet``.
+    """
+    refused = []
+    for i, name in enumerate(names):
+        try:
+            result = run(i)
+        except NotImplementedError as e:
+            if i < len(names) - 1:
+                refused.append(f"{name}: {e}")
+                continue
+            if refused:
+                e.add_note(f"every backend refused {what}: " + "; ".join(refused))
+            else:
+                e.add_note(f'backend "{name}" refused {what}; only backend="auto" moves on to another one')
+            raise
+        if name == FALLBACK and not quiet:
+            _warn_fallback(what, refused, auto)
+        return name, result
+    raise ValueError(f"no backend to try for {what}")
+
+
+def _warn_fallback(what: str, refused: list[str], auto: bool) -> None:
+    """Warns once per reason: the pure-JAX backend runs though another backend was meant to."""
+    unavailable = [f"{n}: {why}" for n, why in _registry.unavailable_here().items()] if auto else []
+    if refused or unavailable:
+        reasons = "; ".join(refused + unavailable)
+        _warn_once(f'backend="auto" falls back to the pure-JAX backend for {what}: {reasons}')
 
 
 @functools.cache
-def _warn_fallback(reason: str) -> None:
-    warnings.warn(
-        f'backend="auto" on a GPU falls back to the pure-JAX backend: the triton backend is '
-        f"unavailable ({reason})",
-        RuntimeWarning,
-        stacklevel=4,
-    )
+def _warn_once(message: str) -> None:
+    warnings.warn(message, RuntimeWarning, stacklevel=5)
 
 
-def _call(backend: str, op: str, *args):
-    """The one point where an op reaches a backend (and "auto" falls back)."""
-    if backend == "auto-triton":
-        try:
-            return getattr(_import("triton"), op)(*args)
-        except NotImplementedError as e:
-            _warn_fallback(f"{op}: {e}")
-            return getattr(_import("jax"), op)(*args)
-    return getattr(_import(backend), op)(*args)
+def _call(name: str, op: str, *args):
+    """Contract function ``op`` of backend ``name``."""
+    return getattr(_registry.module(name), op)(*args)
 
 
 # -----------------------------------------------------------------------------
@@ -164,8 +196,8 @@ def _call(backend: str, op: str, *args):
 # -----------------------------------------------------------------------------
 
 
-def _folded(backend: str, op: str, static: tuple, n_arrays: int):
-    """``op`` as a ``custom_vmap`` function of its array arguments.
+def _folded(name: str, op: str, static: tuple):
+    """``op`` of backend ``name`` as a ``custom_vmap`` function of its array arguments.
 
     Every contract op is independent per batch row and has ``B`` at axis 0 of
     each array in and out, so a vmapped axis (moved to axis 0 by custom_vmap)
@@ -174,7 +206,7 @@ def _folded(backend: str, op: str, static: tuple, n_arrays: int):
 
     @jax.custom_batching.custom_vmap
     def f(*arrays):
-        return _call(backend, op, *arrays, *static)
+        return _call(name, op, *arrays, *static)
 
     @f.def_vmap
     def rule(axis_size, in_batched, *arrays):
@@ -191,123 +223,195 @@ def _folded(backend: str, op: str, static: tuple, n_arrays: int):
     return f
 
 
-def _op(backend: str, op: str, *args, static: tuple = ()):
-    return _folded(backend, op, static, len(args))(*args)
+def _op(name: str, op: str, *args, static: tuple = ()):
+    return _folded(name, op, static)(*args)
+
+
+def _backward(chain: tuple[str, ...], op: str, *args, static: tuple):
+    """Backward op ``op`` on the first backend of ``chain`` (the forward's, then the rest) that takes it."""
+    return _first(chain, op, lambda i: _op(chain[i], op, *args, static=static))[1]
 
 
 # -----------------------------------------------------------------------------
-# differentiable ops (custom_vjp outside, custom_vmap inside)
+# differentiable ops (custom_vjp outside, custom_vmap inside); ``chain`` is the
+# forward's backend followed by those a backward op may fall back to
 # -----------------------------------------------------------------------------
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def _attention(q, k, v, layout: ACSR, scale: float, backend: str):
-    return _op(backend, "attention_fwd", q, k, v, static=(layout, scale))[0]
+def _attention_vjp(q, k, v, layout: ACSR, scale: float, chain: tuple[str, ...]):
+    return _op(chain[0], "attention_fwd", q, k, v, static=(layout, scale))[0]
 
 
-def _attention_fwd(q, k, v, layout, scale, backend):
-    out, lse = _op(backend, "attention_fwd", q, k, v, static=(layout, scale))
+def _attention_fwd(q, k, v, layout, scale, chain):
+    out, lse = _op(chain[0], "attention_fwd", q, k, v, static=(layout, scale))
     return out, (q, k, v, out, lse)
 
 
-def _attention_bwd(layout, scale, backend, res, dout):
+def _attention_bwd(layout, scale, chain, res, dout):
     q, k, v, out, lse = res
-    return _op(backend, "attention_bwd", q, k, v, out, lse, dout, static=(layout, scale))
+    return _backward(chain, "attention_bwd", q, k, v, out, lse, dout, static=(layout, scale))
 
 
-_attention.defvjp(_attention_fwd, _attention_bwd)
-
-
-def _attention_with_lse_impl(q, k, v, layout, scale, backend):
-    return _op(backend, "attention_fwd", q, k, v, static=(layout, scale))
+_attention_vjp.defvjp(_attention_fwd, _attention_bwd)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _sddmm(q, k, layout: ACSR, backend: str):
-    return _op(backend, "sddmm", q, k, static=(layout,))
+def _sddmm(q, k, layout: ACSR, chain: tuple[str, ...]):
+    return _op(chain[0], "sddmm", q, k, static=(layout,))
 
 
-def _sddmm_fwd(q, k, layout, backend):
-    return _sddmm(q, k, layout, backend), (q, k)
+def _sddmm_fwd(q, k, layout, chain):
+    return _sddmm(q, k, layout, chain), (q, k)
 
 
-def _sddmm_bwd(layout, backend, res, ds):
+def _sddmm_bwd(layout, chain, res, ds):
     q, k = res
-    return _op(backend, "sddmm_bwd", q, k, ds, static=(layout,))
+    return _backward(chain, "sddmm_bwd", q, k, ds, static=(layout,))
 
 
 _sddmm.defvjp(_sddmm_fwd, _sddmm_bwd)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
-def _softmax(scores, layout: ACSR, scale: float, backend: str):
-    return _op(backend, "softmax", scores, static=(layout, scale))
+def _softmax(scores, layout: ACSR, scale: float, chain: tuple[str, ...]):
+    return _op(chain[0], "softmax", scores, static=(layout, scale))
 
 
-def _softmax_fwd(scores, layout, scale, backend):
-    p = _softmax(scores, layout, scale, backend)
+def _softmax_fwd(scores, layout, scale, chain):
+    p = _softmax(scores, layout, scale, chain)
     return p, p
 
 
-def _softmax_bwd(layout, scale, backend, p, dp):
-    return (_op(backend, "softmax_bwd", p, dp, static=(layout, scale)),)
+def _softmax_bwd(layout, scale, chain, p, dp):
+    return (_backward(chain, "softmax_bwd", p, dp, static=(layout, scale)),)
 
 
 _softmax.defvjp(_softmax_fwd, _softmax_bwd)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _spmm(probs, v, layout: ACSR, backend: str):
-    return _op(backend, "spmm", probs, v, static=(layout,))
+def _spmm(probs, v, layout: ACSR, chain: tuple[str, ...]):
+    return _op(chain[0], "spmm", probs, v, static=(layout,))
 
 
-def _spmm_fwd(probs, v, layout, backend):
-    return _spmm(probs, v, layout, backend), (probs, v)
+def _spmm_fwd(probs, v, layout, chain):
+    return _spmm(probs, v, layout, chain), (probs, v)
 
 
-def _spmm_bwd(layout, backend, res, dout):
+def _spmm_bwd(layout, chain, res, dout):
     probs, v = res
-    return _op(backend, "spmm_bwd", probs, v, dout, static=(layout,))
+    return _backward(chain, "spmm_bwd", probs, v, dout, static=(layout,))
 
 
 _spmm.defvjp(_spmm_fwd, _spmm_bwd)
 
 
-def _concrete(backend: str) -> str:
-    """The name ``_call`` understands: "jax", "triton", or "auto-triton" (triton, falling back)."""
-    name = resolve(backend)
-    return "auto-triton" if (backend == "auto" and name == "triton") else name
+def _attention_on(chain, arrays, static):
+    mod = _registry.module(chain[0])
+    if callable(getattr(mod, _registry.DIFFERENTIABLE_ATTENTION, None)):
+        return mod.attention(*arrays, *static)  # JAX differentiates and batches it itself
+    return _attention_vjp(*arrays, *static, chain)
 
 
-# Jitted entry points: static layout (hashable by value), scale and backend, so
-# eager calls compile once per layout and calls under an outer jit are inlined.
-_attention_jit = jax.jit(_attention, static_argnums=(3, 4, 5))
-_attention_with_lse_jit = jax.jit(_attention_with_lse_impl, static_argnums=(3, 4, 5))
-_sddmm_jit = jax.jit(_sddmm, static_argnums=(2, 3))
-_softmax_jit = jax.jit(_softmax, static_argnums=(1, 2, 3))
-_spmm_jit = jax.jit(_spmm, static_argnums=(2, 3))
+# op -> how backend chain[0] runs it (chain[1:]: where its backward ops may fall back)
+_RUN = {
+    "attention": _attention_on,
+    "attention_with_lse": lambda chain, a, s: _op(chain[0], "attention_fwd", *a, static=s),
+    "sddmm": lambda chain, a, s: _sddmm(*a, *s, chain),
+    "softmax": lambda chain, a, s: _softmax(*a, *s, chain),
+    "spmm": lambda chain, a, s: _spmm(*a, *s, chain),
+}
+
+
+def _dispatch(op: str, names: tuple[str, ...], arrays: tuple, static: tuple, *, auto: bool, quiet=False):
+    """``(backend, result)`` of ``op`` on the first of ``names`` that takes it."""
+    return _first(names, op, lambda i: _RUN[op](names[i:], arrays, static), auto=auto, quiet=quiet)
+
+
+def _jitted(op: str):
+    """``op`` jitted with its static arguments and the backend order static, so equal calls compile once."""
+    n_arrays, n_static = (len(x) for x in _SIGNATURES[op])
+
+    def run(*args):
+        arrays, static, (names, auto) = args[:n_arrays], args[n_arrays:-2], args[-2:]
+        return _dispatch(op, names, arrays, static, auto=auto)[1]
+
+    run.__name__ = run.__qualname__ = f"splat_{op}"
+    return jax.jit(run, static_argnums=tuple(range(n_arrays, n_arrays + n_static + 2)))
+
+
+_JIT = {op: _jitted(op) for op in _SIGNATURES}
+
+
+def _run(op: str, backend: str, arrays: tuple, static: tuple):
+    return _JIT[op](*arrays, *static, _order(op, backend, arrays, static), backend == "auto")
+
+
+def selected_backend(op: str, *args, backend: str = "auto") -> str:
+    """The backend that would run ``op`` for these arguments here (nothing is computed).
+
+    Args:
+      op: "attention", "attention_with_lse", "sddmm", "softmax" or "spmm".
+      *args: the op's arguments as :func:`attention` and friends take them;
+        arrays may be abstract (``jax.ShapeDtypeStruct``).
+      backend: "auto" or a backend name (which is then returned, or raises
+        what the call would raise).
+
+    Returns:
+      The backend name. For "attention", the one running the forward pass (its
+      backward goes to the same backend where it takes it).
+
+    Example:
+      >>> import jax, jax.numpy as jnp, numpy as np, acsr, jax_bindings
+      >>> x = jax.ShapeDtypeStruct((1, 64, 2, 16), jnp.float32)
+      >>> layout = acsr.from_dense(np.tril(np.ones((64, 64), bool)))
+      >>> jax_bindings.selected_backend("attention", x, x, x, layout, 0.25)  # on a CPU
+      'jax'
+    """
+    if op not in _SIGNATURES:
+        raise ValueError(f"op must be one of {tuple(_SIGNATURES)}, got {op!r}")
+    array_names, static_names = _SIGNATURES[op]
+    if len(args) != len(array_names) + len(static_names):
+        raise TypeError(
+            f"selected_backend({op!r}, ...) takes {', '.join(array_names + static_names)}; "
+            f"got {len(args)} arguments"
+        )
+    arrays, static = args[: len(array_names)], tuple(args[len(array_names) :])
+    if "scale" in static_names:
+        static = (*static[:-1], float(static[-1]))
+    names = _order(op, backend, arrays, static)
+    chosen = []
+
+    def trace(*arrays):
+        name, out = _dispatch(op, names, arrays, static, auto=backend == "auto", quiet=True)
+        chosen.append(name)
+        return out
+
+    jax.eval_shape(trace, *arrays)
+    return chosen[0]
 
 
 def attention(q, k, v, layout: ACSR, scale: float, backend: str = "auto"):
     """Fused sparse attention ``[B, Sq, H, D]``; differentiable in q, k, v. No input checks."""
-    return _attention_jit(q, k, v, layout, float(scale), _concrete(backend))
+    return _run("attention", backend, (q, k, v), (layout, float(scale)))
 
 
 def attention_with_lse(q, k, v, layout: ACSR, scale: float, backend: str = "auto"):
     """``(out, lse)`` of the fused forward, not differentiable (for inspection and tests)."""
-    return _attention_with_lse_jit(q, k, v, layout, float(scale), _concrete(backend))
+    return _run("attention_with_lse", backend, (q, k, v), (layout, float(scale)))
 
 
 def sddmm(q, k, layout: ACSR, backend: str = "auto"):
     """Differentiable SDDMM (see the contract). No input checks."""
-    return _sddmm_jit(q, k, layout, _concrete(backend))
+    return _run("sddmm", backend, (q, k), (layout,))
 
 
 def softmax(scores, layout: ACSR, scale: float, backend: str = "auto"):
     """Differentiable ACSR-row softmax (see the contract). No input checks."""
-    return _softmax_jit(scores, layout, float(scale), _concrete(backend))
+    return _run("softmax", backend, (scores,), (layout, float(scale)))
 
 
 def spmm(probs, v, layout: ACSR, backend: str = "auto"):
     """Differentiable SpMM (see the contract). No input checks."""
-    return _spmm_jit(probs, v, layout, _concrete(backend))
+    return _run("spmm", backend, (probs, v), (layout,))

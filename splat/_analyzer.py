@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 import acsr
+import jax_bindings
 from acsr import ACSR
 from splat import masks as _masks
 
@@ -100,6 +103,7 @@ class Report:
     segments: tuple[SegmentReport, ...]
     residual_blocks: int
     tile_efficiency: float
+    backend: str = "auto: depends on head dim and dtype (pass head_dim= and dtype= to splat.report)"
 
     def to_string(self) -> str:
         lines = [
@@ -117,6 +121,7 @@ class Report:
             )
         if self.residual_blocks:
             lines.append(f"residual    {self.residual_blocks} blocks (block-sparse, irregular part)")
+        lines.append(f"backend     {self.backend}")
         return "\n".join(lines)
 
     def __str__(self):
@@ -137,9 +142,24 @@ def _tile_efficiency(layout: ACSR) -> float:
     return layout.nnz / work if work else 1.0
 
 
-def report(mask, q_len: int | None = None, kv_len: int | None = None) -> Report:
-    """A :class:`Report` of the layout splat builds for ``mask`` (arguments as :func:`analyze`)."""
+def report(
+    mask, q_len: int | None = None, kv_len: int | None = None, *, head_dim: int | None = None, dtype=None
+) -> Report:
+    """A :class:`Report` of the layout splat builds for ``mask`` (arguments as :func:`analyze`).
+
+    With ``head_dim`` and ``dtype`` (e.g. ``"bfloat16"``), the report also names
+    the backend ``backend="auto"`` would pick for the fused attention on this
+    machine (:func:`jax_bindings.selected_backend`).
+
+    Example:
+      >>> import splat
+      >>> splat.report(splat.masks.causal(), q_len=64, head_dim=32, dtype="float32").backend  # on a CPU
+      'auto picks "jax" for the fused attention here (head dim 32, float32)'
+    """
     layout = analyze(mask, q_len, kv_len)
+    backend = {}
+    if head_dim is not None or dtype is not None:
+        backend["backend"] = _auto_backend(layout, head_dim, dtype)
     m = _as_mask(mask)
     if m is not None and not isinstance(m, (_masks.FromArray, _masks.FromFn)):
         family = repr(m)
@@ -171,4 +191,19 @@ def report(mask, q_len: int | None = None, kv_len: int | None = None) -> Report:
         segments=segs,
         residual_blocks=0 if layout.residual is None else int(layout.residual.num_blocks.sum()),
         tile_efficiency=_tile_efficiency(layout),
+        **backend,
     )
+
+
+def _auto_backend(layout: ACSR, head_dim, dtype) -> str:
+    """What ``backend="auto"`` runs the fused attention on, for one head of ``head_dim`` in ``dtype``."""
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1:
+        raise ValueError(f"head_dim must be a positive int when dtype is given, got {head_dim!r}")
+    if dtype is None:
+        raise ValueError("dtype must be given with head_dim (e.g. dtype='bfloat16')")
+    dt = jnp.dtype(dtype)
+    q = jax.ShapeDtypeStruct((1, layout.q_len, 1, head_dim), dt)
+    kv = jax.ShapeDtypeStruct((1, layout.kv_len, 1, head_dim), dt)
+    name = jax_bindings.selected_backend("attention", q, kv, kv, layout, head_dim**-0.5)
+    return f'auto picks "{name}" for the fused attention here (head dim {head_dim}, {dt.name})'
+

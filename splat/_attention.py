@@ -149,8 +149,11 @@ def attention(
         ``[Sq, Skv]`` array, a function ``f(q_idx, kv_idx)``, or an
         :class:`acsr.ACSR` layout; ``True`` = attend.
       scale: positive multiplier of the scores; default ``1 / sqrt(D)``.
-      backend: ``"auto"`` (Triton on a CUDA GPU, else pure JAX), ``"jax"``
-        or ``"triton"``.
+      backend: one of ``jax_bindings.BACKENDS``: ``"auto"`` (the fastest
+        backend here that takes the call: cuDNN or Triton on a CUDA GPU, else
+        pure JAX; ``jax_bindings.selected_backend`` says which), or a backend
+        by name (``"triton"``, ``"cudnn"``, ``"jax"``), which raises rather
+        than fall back when it cannot take the call.
 
     Returns:
       ``[B, Sq, H, D]`` in the dtype of ``query``.
@@ -197,7 +200,7 @@ def sddmm(q: jax.Array, k: jax.Array, layout: ACSR, *, backend: str = "auto") ->
       q: ``[B, Sq, H, D]``, float32, bfloat16 or float16.
       k: ``[B, Skv, Hk, D]``, same dtype, ``Hk`` divides ``H``.
       layout: :class:`acsr.ACSR` of shape ``(Sq, Skv)``.
-      backend: ``"auto"``, ``"jax"`` or ``"triton"``.
+      backend: as for :func:`splat.attention` (``"cudnn"`` has no unfused ops).
 
     Returns:
       ``scores: [B, H, Sq, layout.nnz_max]`` in q's dtype (unscaled); slot ``t``
@@ -234,7 +237,7 @@ def softmax(
       scale: positive multiplier applied before the softmax; default 1.0
         (:func:`sddmm` returns unscaled scores, so pass ``1 / sqrt(D)`` to
         match :func:`attention`).
-      backend: ``"auto"``, ``"jax"`` or ``"triton"``.
+      backend: as for :func:`splat.attention` (``"cudnn"`` has no unfused ops).
 
     Returns:
       ``probs`` like ``scores``; padding slots and empty rows are 0.
@@ -266,7 +269,7 @@ def spmm(probs: jax.Array, v: jax.Array, layout: ACSR, *, backend: str = "auto")
       probs: ``[B, H, Sq, layout.nnz_max]`` (from :func:`softmax`).
       v: ``[B, Skv, Hk, D]``, same dtype, ``Hk`` divides ``H``.
       layout: :class:`acsr.ACSR` of shape ``(Sq, Skv)``.
-      backend: ``"auto"``, ``"jax"`` or ``"triton"``.
+      backend: as for :func:`splat.attention` (``"cudnn"`` has no unfused ops).
 
     Returns:
       ``[B, Sq, H, D]`` in v's dtype.

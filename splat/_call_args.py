@@ -263,7 +263,7 @@ class CallChecker:
         Args:
           who: the front end as messages name it, e.g. ``"splat.sparse_attention(attn)"``.
           mask: its own mask (a Mask, a boolean array, a function ``f(q_idx, kv_idx)`` or None).
-          backend: "auto" | "jax" | "triton".
+          backend: one of ``jax_bindings.BACKENDS``.
           fallback: refused calls run the dense function (True) or raise ``ValueError`` (False).
           dense_name: what the fallback runs, for messages.
         """

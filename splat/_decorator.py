@@ -19,6 +19,8 @@ from typing import Any
 from jax_bindings import check_backend
 from splat._call_args import CallChecker, SparseAttentionFallbackWarning
 
+from jax_bindings import check_backend
+
 __all__ = ["SparseAttentionFallbackWarning", "sparse_attention"]
 
 
@@ -48,7 +50,7 @@ def sparse_attention(
         or a vectorised ``f(q_idx, kv_idx)``. None switches to detection mode:
         the mask is found inside ``fn`` at trace time (:func:`splat.sparsify`,
         with ``empty_rows="fallback"``).
-      backend: "auto" | "jax" | "triton", passed to :func:`splat.attention`.
+      backend: one of ``jax_bindings.BACKENDS``, passed to :func:`splat.attention`.
       fallback: when a call passes something splat cannot honour (a ``bias``,
         dropout, per-batch sequence lengths, a traced or per-head ``mask``),
         False raises ``ValueError`` naming it; True calls ``fn`` itself and

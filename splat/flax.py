@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+
 __all__ = ["attention_fn"]
 
 
@@ -31,7 +32,7 @@ def attention_fn(mask: Any = None, backend: str = "auto", *, fallback: bool = Fa
         ``[q_len, kv_len]`` array or a vectorised ``f(q_idx, kv_idx)``; None
         means full attention (useful with ``is_causal`` or a call-time mask).
         Each layer may get its own (e.g. alternating local/global layers).
-      backend: "auto" | "jax" | "triton".
+      backend: one of ``jax_bindings.BACKENDS`` (see :func:`splat.attention`).
       fallback: when a call asks for what splat cannot do (an attention
         ``bias``, dropout during training, ``sow_weights``, a traced or per-head
         ``mask``), False raises ``ValueError`` naming it; True runs

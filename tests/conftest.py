@@ -5,8 +5,10 @@
 * ``slow`` tests are deselected unless ``--runslow`` is given or ``-m`` names them.
 * ``rng``: a fresh ``np.random.default_rng`` seeded from the test's id, so every
   test draws its own inputs and a failure reproduces.
-* ``backend``: the backends the shared test bases run on ("jax" everywhere,
-  "triton" on a GPU).
+* ``backend``: every registered backend (``jax_bindings._registry``), in
+  registry order; one that cannot run here is skipped with the registry's
+  reason, so the skip summary says why ("jax" runs everywhere, "triton" and
+  "cudnn" on a CUDA GPU).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import zlib
 import jax
 import numpy as np
 import pytest
+
+from jax_bindings import _registry
 
 
 def pytest_addoption(parser):
@@ -56,6 +60,28 @@ def rng(request) -> np.random.Generator:
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
 
 
-@pytest.fixture(params=["jax", pytest.param("triton", marks=pytest.mark.gpu)])
+@pytest.fixture(params=_registry.names())
 def backend(request) -> str:
+    why = _registry.unavailable(request.param)
+    if why is not None:
+        pytest.skip(f'backend "{request.param}" cannot run here: {why}')
     return request.param
+
+
+@pytest.fixture
+def fresh_registry(monkeypatch):
+    """Backend imports, families, fallback warnings, the tuning store and jit caches forgotten
+    before and after the test (for tests that swap backends or platforms); no SPLAT_TUNING_FILE."""
+    from jax_bindings import _dispatch, _tuning
+
+    def clear():
+        _registry._load.cache_clear()
+        _registry.family.cache_clear()
+        _dispatch._warn_once.cache_clear()
+        _tuning.store.cache_clear()
+        jax.clear_caches()  # traces of the old backend modules
+
+    monkeypatch.delenv(_tuning.ENV_FILE, raising=False)
+    clear()
+    yield
+    clear()

@@ -99,3 +99,30 @@ def test_traced_masks_are_refused_with_advice():
 
     with pytest.raises(TypeError, match="trace time"):
         f(jnp.ones((4, 4)))
+
+
+def test_report_names_the_backend_auto_picks(monkeypatch):
+    import jax
+
+    import jax_bindings
+
+    rep = splat.report(masks.causal(), q_len=64)
+    assert "depends on head dim and dtype" in rep.backend and rep.backend in rep.to_string()
+    seen = []
+
+    def selected(op, q, k, v, layout, scale, backend="auto"):
+        seen.append((op, q.shape, q.dtype, k.shape, layout.shape, scale))
+        return "somebackend"
+
+    monkeypatch.setattr(jax_bindings, "selected_backend", selected)
+    rep = splat.report(masks.causal(), q_len=64, kv_len=64, head_dim=32, dtype="bfloat16")
+    assert rep.backend == 'auto picks "somebackend" for the fused attention here (head dim 32, bfloat16)'
+    assert seen == [("attention", (1, 64, 1, 32), jnp.bfloat16, (1, 64, 1, 32), (64, 64), 32**-0.5)]
+    monkeypatch.undo()
+    if jax.default_backend() != "gpu":
+        rep = splat.report(masks.causal(), q_len=64, head_dim=32, dtype=jnp.float32)
+        assert rep.backend.startswith('auto picks "jax"')
+    with pytest.raises(ValueError, match="dtype must be given with head_dim"):
+        splat.report(masks.causal(), q_len=64, head_dim=32)
+    with pytest.raises(ValueError, match="head_dim must be a positive int"):
+        splat.report(masks.causal(), q_len=64, dtype="bfloat16")

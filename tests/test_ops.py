@@ -23,6 +23,7 @@ from reference import (
 )
 
 import acsr
+import jax_bindings
 from jax_bindings import _dispatch
 from splat import _attention as api
 from splat import masks
@@ -116,6 +117,21 @@ def spmm_grads_ref(p, v, do, layout):
 def _poison_padding(x, layout, value=np.nan):
     valid = jnp.asarray(layout.slot_columns() >= 0)
     return jnp.where(valid, x, jnp.asarray(value, x.dtype))
+
+
+@pytest.fixture
+def backend(backend):
+    """conftest's backends; one without unfused ops (cudnn) is skipped with its refusal.
+
+    "jax" and "triton" must take every unfused op: a refusal there fails the test.
+    """
+    if backend not in ("jax", "triton"):
+        x = jax.ShapeDtypeStruct((1, 8, 1, 8), jnp.float32)
+        try:
+            jax_bindings.selected_backend("sddmm", x, x, masks.causal().to_acsr(8), backend=backend)
+        except NotImplementedError as e:
+            pytest.skip(f"{backend} refuses the unfused ops: {e}")
+    return backend
 
 
 class TestOps:

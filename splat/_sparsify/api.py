@@ -164,7 +164,7 @@ def sparsify(
     Args:
       fn: the function; its array arguments may be any pytree. Python scalars
         and concrete boolean arrays among the arguments are treated as static.
-      backend: passed to :func:`splat.attention` ("auto" | "jax" | "triton").
+      backend: passed to :func:`splat.attention` (one of ``jax_bindings.BACKENDS``).
       fallback: when no attention can be replaced (none found, or its mask
         depends on the inputs), True runs ``fn`` unchanged and emits a
         :class:`SparsifyWarning` once per reason; False raises ``ValueError``.
