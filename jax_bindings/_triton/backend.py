@@ -208,7 +208,7 @@ def _install_module_images() -> bool:
 MODULE_IMAGES_INSTALLED = _install_module_images()
 
 
-def _run(call: ops.Call, *data) -> list[jax.Array]:
+def run_call(call: ops.Call, *data) -> list[jax.Array]:
     out_shape = [jax.ShapeDtypeStruct(s, jnp.dtype(d)) for s, d in call.out]
     outs = _jt.triton_call(
         *data,
@@ -250,7 +250,7 @@ def _transpose_values(vals: jax.Array, layout: ACSR) -> jax.Array:
 def attention_fwd(q, k, v, layout: ACSR, scale: float):
     """``(out [B, Sq, H, D], lse [B, H, Sq] float32)`` from the fused forward kernel."""
     call = ops.fwd_call(layout, q.shape, k.shape, _dtype(q), scale)
-    out, lse = _run(call, q, k, v.astype(q.dtype))
+    out, lse = run_call(call, q, k, v.astype(q.dtype))
     return out, lse
 
 
@@ -260,8 +260,8 @@ def attention_bwd(q, k, v, out, lse, dout, layout: ACSR, scale: float):
     kd, vd = k.dtype, v.dtype
     cq, ck = ops.bwd_calls(layout, q.shape, k.shape, _dtype(q), scale)
     k, v, dout, lse = k.astype(dt), v.astype(dt), dout.astype(dt), lse.astype(jnp.float32)
-    dq, delta = _run(cq, q, k, v, dout, out.astype(dt), lse)  # delta = rowsum(dout * out), in-kernel
-    dk, dv = _run(ck, q, k, v, dout, lse, delta)
+    dq, delta = run_call(cq, q, k, v, dout, out.astype(dt), lse)  # delta = rowsum(dout * out), in-kernel
+    dk, dv = run_call(ck, q, k, v, dout, lse, delta)
     return dq, dk.astype(kd), dv.astype(vd)
 
 
@@ -270,19 +270,19 @@ def attention_bwd(q, k, v, out, lse, dout, layout: ACSR, scale: float):
 
 def sddmm(q, k, layout: ACSR):
     """Scores ``[B, H, Sq, N]`` in q's dtype (no scale; padding 0)."""
-    (s,) = _run(ops.sddmm_call(layout, q.shape, k.shape, _dtype(q)), q, k.astype(q.dtype))
+    (s,) = run_call(ops.sddmm_call(layout, q.shape, k.shape, _dtype(q)), q, k.astype(q.dtype))
     return s
 
 
 def softmax(scores, layout: ACSR, scale: float):
     """Row softmax of ``scale * scores`` over each row's valid slots."""
-    (p,) = _run(ops.softmax_call(layout, scores.shape, _dtype(scores), scale), scores)
+    (p,) = run_call(ops.softmax_call(layout, scores.shape, _dtype(scores), scale), scores)
     return p
 
 
 def spmm(probs, v, layout: ACSR):
     """``probs . v`` -> ``[B, Sq, H, D]`` in v's dtype."""
-    (o,) = _run(ops.spmm_call(layout, probs.shape, v.shape, _dtype(v)), probs, v)
+    (o,) = run_call(ops.spmm_call(layout, probs.shape, v.shape, _dtype(v)), probs, v)
     return o
 
 

@@ -1,4 +1,4 @@
-"""The ``splat`` command line: ``splat analyze`` and ``splat bench`` (also ``python -m splat``).
+"""The ``splat`` command line: ``splat analyze``, ``splat bench`` and ``splat tune`` (also ``python -m splat``).
 
 ``splat analyze EXPR_OR_NPY`` prints how splat stores a mask (segments, strides,
 closed forms, residual, density); EXPR is a mask expression over the constructors
@@ -151,6 +151,32 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--analyze-length", type=_positive_int, default=8192, help="S of the dense array analyzed")
     b.add_argument("--out", metavar="JSON", default=None, help="write all settings and results here")
     b.add_argument("--plot", metavar="PNG", default=None, help="write a plot of the results here")
+
+    from splat.tools import tune
+
+    t = sub.add_parser(
+        "tune",
+        help="measure tile configs and backends on this GPU, write the tuning store",
+        description="Rank each Triton kernel's tile configs with a cost model, time the best few (and the "
+        "heuristic default) per catalogue pattern, sequence length and op, and write the fastest to the "
+        "tuning store this device's kernels read (jax_bindings/tuning/<device>.json unless --out). "
+        "--exhaustive times every candidate and reports how the pruned choice compares.",
+    )
+    t.add_argument(
+        "--patterns", nargs="+", default=None, help=f"catalogue names (default: {' '.join(tune.DEFAULT_PATTERNS)})"
+    )
+    t.add_argument("--lengths", nargs="+", type=_positive_int, default=None, help="sequence lengths (8192 16384)")
+    t.add_argument("--ops", nargs="+", choices=list(tune.OPS), default=None, help="kernel ops (all three)")
+    t.add_argument("--heads", type=_positive_int, default=16)
+    t.add_argument("--head-dim", type=_positive_int, default=128)
+    t.add_argument("--batch", type=_positive_int, default=1)
+    t.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="bfloat16")
+    t.add_argument("--top", type=_positive_int, default=2, help="configs timed per case, best predicted first")
+    t.add_argument("--exhaustive", action="store_true", help="time every candidate (to judge the pruning)")
+    t.add_argument("--no-backends", action="store_true", help="skip timing triton against cudnn per pattern")
+    t.add_argument("--repeats", type=_positive_int, default=5)
+    t.add_argument("--out", metavar="JSON", default=None, help="the store file to write (merged if it exists)")
+    t.add_argument("--report", metavar="JSON", default=None, help="also write every measurement here")
     return p
 
 
@@ -185,6 +211,31 @@ def _cmd_bench(args) -> int:
     return 0
 
 
+def _cmd_tune(args) -> int:
+    from jax_bindings import _registry
+    from splat.tools import tune
+
+    why = _registry.unavailable("triton")
+    if why:
+        raise ValueError(f"tuning needs the triton backend, which cannot run here: {why}")
+    cfg = tune.TuneConfig(
+        patterns=tune.parse_list(args.patterns, tune.DEFAULT_PATTERNS),
+        lengths=tuple(args.lengths or (8192, 16384)),
+        ops=tune.parse_list(args.ops, tune.OPS),
+        batch=args.batch,
+        heads=args.heads,
+        head_dim=args.head_dim,
+        dtype=args.dtype,
+        top=args.top,
+        exhaustive=args.exhaustive,
+        backends=not args.no_backends,
+        repeats=args.repeats,
+        out=args.out,
+    )
+    tune.main(cfg, report=args.report)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``splat`` console script and ``python -m splat``; returns the exit status."""
     parser = build_parser()
@@ -192,6 +243,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "analyze":
             return _cmd_analyze(args)
+        if args.command == "tune":
+            return _cmd_tune(args)
         return _cmd_bench(args)
     except (ValueError, ImportError) as e:  # bad input, a backend that cannot run, a missing package
         print(f"splat {args.command}: error: {' '.join(str(e).split())}", file=sys.stderr)
