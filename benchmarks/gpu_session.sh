@@ -8,6 +8,13 @@
 #   compile      benchmarks/compile_time.py (cold / warm first-call times) -> $OUT/compile_time.json
 #   unfused      benchmarks/unfused_bw.py (sddmm / softmax / spmm vs copy bandwidth) -> $OUT/unfused_bw.json
 #   tune         benchmarks/tune_kernels.py (kernel-structure variants, S=16384) -> $OUT/tune.json
+#   smoke        a one-pattern splat tune (stops the session when it fails)
+#   autotune     splat tune (pruned, every default pattern, S=8192/16384, triton vs cudnn times): writes
+#                the package's store for this device, copied to $OUT/store-<device>.json
+#   autotune-ex  splat tune --exhaustive on the forward of four patterns at S=16384 (judges the pruning)
+#                -> $OUT/tune-exhaustive.json (the store it writes goes to /tmp, not the package)
+#   auto:L1,L2   splat bench --backend auto vs cudnn / FA3 / FlexAttention on the baselines and windows
+#   spike        benchmarks/spike_hopper_fwd.py --quick -> $OUT/spike.json
 # Usage there (after the wheel install prefix): bash benchmarks/gpu_session.sh tests sanitize
 set -u
 OUT=${OUT:-/tmp/splat-out}
@@ -52,6 +59,29 @@ for l in sys.stdin:
     t = r.get('tflops')
     print(r['kind'], r['pattern'], r.get('variant', r.get('impl')), r.get('tiles'), f'{t:.1f}' if t else r.get('error', '')[:150], f\"err {r['err_vs_first']:.1e}\" if 'err_vs_first' in r else '')
 "; tail -8 "$OUT/tune.log" ;;
+    smoke)
+      timeout 120 python3 -m splat tune --patterns causal_window --lengths 8192 --ops fwd bwd_dkdv --top 1 \
+        --repeats 2 --out /tmp/smoke-store.json >"$OUT/smoke.log" 2>&1
+      rc=$?; echo "smoke rc=$rc"; tail -12 "$OUT/smoke.log"; [ $rc = 0 ] || exit 3 ;;
+    autotune)
+      timeout 420 python3 -m splat tune --repeats 3 --report "$OUT/tune-report.json" >"$OUT/autotune.log" 2>&1
+      echo "autotune rc=$?"; tail -3 "$OUT/autotune.log"; cp jax_bindings/tuning/*.json "$OUT/" 2>/dev/null ;;
+    autotune-ex)
+      timeout 300 python3 -m splat tune --exhaustive --ops fwd --lengths 16384 --no-backends --repeats 3 \
+        --patterns causal causal_window sliding_window dilated_window --out /tmp/tune-ex-store.json \
+        --report "$OUT/tune-exhaustive.json" >"$OUT/autotune-ex.log" 2>&1
+      echo "autotune-ex rc=$?"; tail -2 "$OUT/autotune-ex.log" ;;
+    auto:*)
+      lengths=${stage#auto:}
+      timeout 300 python3 -m splat bench --backend auto --lengths ${lengths//,/ } --heads 16 --head-dim 128 \
+        --dtype bfloat16 --mode both --repeats 5 --peers splat cudnn flash_attn3 flex \
+        --patterns causal_window full causal sliding_window dilated_window \
+        --out "$OUT/bench-auto.json" >"$OUT/bench-auto.log" 2>&1
+      echo "auto bench rc=$?"; tail -30 "$OUT/bench-auto.log" ;;
+    spike)
+      timeout 300 python3 benchmarks/spike_hopper_fwd.py --quick --budget-s 200 --out "$OUT/spike.json" \
+        >"$OUT/spike.log" 2>&1
+      echo "spike rc=$?"; tail -25 "$OUT/spike.log" ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done

@@ -88,14 +88,19 @@ def test_merged_store_is_readable_by_the_store_reader(tmp_path, monkeypatch):
     s = tune.merge_store(None, "NVIDIA Test", [_entry("fwd", "window", 8192, 0.5)], [
         {"family": "causal_window", "s_bucket": 8192, "head_dim": 128, "dtype": "bfloat16",
          "pass": "fwd", "times_ms": {"triton": 2.0, "cudnn": 1.0}}], _tuning.SCHEMA)
-    store = _tuning.load_dict(s, "test") if hasattr(_tuning, "load_dict") else None
-    if store is None:
-        import json
+    import json
 
-        p = tmp_path / "s.json"
-        p.write_text(json.dumps(s))
-        store = _tuning.load(p)
-    assert store is not None
+    p = tmp_path / "s.json"
+    p.write_text(json.dumps(s))
+    monkeypatch.setenv(_tuning.ENV_FILE, str(p))
+    _tuning.store.cache_clear()
+    try:
+        assert _tuning.lookup_tiles("fwd", "window", 8000, 128, "bfloat16") == (64, 64, 4, 3, "fused")
+        assert _tuning.rank_backends("causal_window", 8192, 128, "bfloat16", ("triton", "cudnn"), mode="fwd")[
+            0
+        ] == "cudnn"
+    finally:
+        _tuning.store.cache_clear()
 
 
 def test_summarize_reports_the_pruned_choice():
@@ -123,3 +128,30 @@ def test_cli_tune_without_gpu_exits_2(capsys):
         pytest.skip("this machine has a GPU")
     assert main(["tune", "--patterns", "causal", "--lengths", "256"]) == 2
     assert "triton" in capsys.readouterr().err
+
+
+def test_run_tune_flow_with_a_fake_clock(monkeypatch, tmp_path):
+    """The whole tuner minus the GPU: timings come from the model plus a config-dependent wobble."""
+    from jax_bindings._triton import cost as c
+
+    def fake_time(op, layout, cfg, tiles, key):
+        walked = tune.walked_layout(op, layout)
+        base = c.predict_ms(op, walked, tiles, batch=cfg.batch, heads=cfg.heads, head_dim=cfg.head_dim)
+        return base * (1.0 + 0.01 * (tiles.block_n // 32))
+
+    monkeypatch.setattr(tune, "time_tiles", fake_time)
+    out = tmp_path / "store.json"
+    cfg = tune.TuneConfig(patterns=("causal_window", "dilated_window"), lengths=(2048,), heads=2,
+                          head_dim=64, exhaustive=True, backends=False, out=str(out))
+    result = tune.main(cfg, report=str(tmp_path / "report.json"), log=lambda *a: None)
+    store = result["store"]
+    assert {e["op"] for e in store["tiles"]} == set(tune.OPS)
+    assert len(store["tiles"]) == 6 and out.exists() and (tmp_path / "report.json").exists()
+    s = result["summary"]
+    assert s["exhaustive"] and s["cases"] == 6 and 0 < s["time_share"] < 1
+    assert 0 < s["pruned_speed_vs_best_min"] <= 1
+    # the store it wrote is what the reader takes
+    from jax_bindings import _tuning
+
+    loaded = _tuning.load(out)
+    assert loaded is not None

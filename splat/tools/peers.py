@@ -251,7 +251,9 @@ def _prep_splat(problem: Problem) -> Prepared:
     x = _abstract(problem)
     return replace(
         _compile_jax(lambda q, k, v: splat.attention(q, k, v, mask=mask, backend=backend), problem),
-        splat_backend=splat_backend("attention", x, x, x, problem.layout, backend=backend),
+        splat_backend=splat_backend(
+            "attention", x, x, x, problem.layout, x.shape[-1] ** -0.5, backend=backend
+        ),
     )
 
 

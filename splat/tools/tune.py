@@ -213,7 +213,7 @@ def time_backends(layout, cfg: TuneConfig, key, log=print) -> dict:
         for mode, fn, args, feed in (("fwd", fwd, (q, k, v), {0: 0}), ("fwd_bwd", fwd_bwd, (q, k, v, do), {0: 0})):
             try:
                 _, launch, sync = timing.compile_timed(fn, args, per_sample, feed)
-            except NotImplementedError as e:
+            except (NotImplementedError, jax_bindings.BackendUnavailableError) as e:
                 log(f"  {name} {mode}: refused ({str(e)[:120]})")
                 break
             t = timing.time_call(
