@@ -28,7 +28,7 @@ for stage in "$@"; do
       timeout 200 python3 -m pytest -q -m gpu tests/test_ops.py -k softmax -p no:cacheprovider 2>&1 | tail -3 ;;
     tests)
       # the flax tests are CPU-only (no gpu marker); flax 0.12 does not import with jax 0.11
-      timeout 330 python3 -m pytest -q -m gpu tests -p no:cacheprovider -rs --ignore=tests/test_flax.py \
+      timeout 300 python3 -m pytest -q -m gpu tests -p no:cacheprovider -rs --ignore=tests/test_flax.py \
         --ignore=tests/test_examples.py --ignore=tests/test_sparsify.py >"$OUT/gpu_tests.log" 2>&1
       echo "pytest rc=$?"; tail -4 "$OUT/gpu_tests.log" ;;
     sanitize)
@@ -73,13 +73,13 @@ for l in sys.stdin:
       echo "autotune-ex rc=$?"; tail -2 "$OUT/autotune-ex.log" ;;
     auto:*)
       lengths=${stage#auto:}
-      timeout 300 python3 -m splat bench --backend auto --lengths ${lengths//,/ } --heads 16 --head-dim 128 \
+      timeout 200 python3 -m splat bench --backend auto --lengths ${lengths//,/ } --heads 16 --head-dim 128 \
         --dtype bfloat16 --mode both --repeats 5 --peers splat cudnn flash_attn3 flex \
-        --patterns causal_window full causal sliding_window dilated_window \
+        --patterns ${AUTO_PATTERNS:-causal_window} \
         --out "$OUT/bench-auto.json" >"$OUT/bench-auto.log" 2>&1
       echo "auto bench rc=$?"; tail -30 "$OUT/bench-auto.log" ;;
     spike)
-      timeout 300 python3 benchmarks/spike_hopper_fwd.py --quick --budget-s 200 --out "$OUT/spike.json" \
+      timeout 300 python3 benchmarks/spike_hopper_fwd.py --quick --budget-s 120 --out "$OUT/spike.json" \
         >"$OUT/spike.log" 2>&1
       echo "spike rc=$?"; tail -25 "$OUT/spike.log" ;;
     *) echo "unknown stage $stage"; exit 2 ;;

@@ -60,7 +60,14 @@ def rng(request) -> np.random.Generator:
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
 
 
-@pytest.fixture(params=_registry.names())
+def _backend_param(name: str):
+    """Backends that need a GPU are marked ``gpu`` too, so ``pytest -m gpu`` runs their tests."""
+    platforms = _registry.entry(name).platforms
+    marks = [pytest.mark.gpu] if platforms is not None and "gpu" in platforms else []
+    return pytest.param(name, marks=marks)
+
+
+@pytest.fixture(params=[_backend_param(n) for n in _registry.names()])
 def backend(request) -> str:
     why = _registry.unavailable(request.param)
     if why is not None:
