@@ -28,7 +28,7 @@ for stage in "$@"; do
       timeout 200 python3 -m pytest -q -m gpu tests/test_ops.py -k softmax -p no:cacheprovider 2>&1 | tail -3 ;;
     tests)
       # the flax tests are CPU-only (no gpu marker); flax 0.12 does not import with jax 0.11
-      timeout 300 python3 -m pytest -q -m gpu tests -p no:cacheprovider -rs --ignore=tests/test_flax.py \
+      timeout 380 python3 -m pytest -q -m gpu tests -p no:cacheprovider -rs --ignore=tests/test_flax.py \
         --ignore=tests/test_examples.py --ignore=tests/test_sparsify.py >"$OUT/gpu_tests.log" 2>&1
       echo "pytest rc=$?"; tail -4 "$OUT/gpu_tests.log" ;;
     sanitize)
@@ -64,7 +64,7 @@ for l in sys.stdin:
         --repeats 2 --out /tmp/smoke-store.json >"$OUT/smoke.log" 2>&1
       rc=$?; echo "smoke rc=$rc"; tail -12 "$OUT/smoke.log"; [ $rc = 0 ] || exit 3 ;;
     autotune)
-      timeout 420 python3 -m splat tune --repeats 3 --report "$OUT/tune-report.json" >"$OUT/autotune.log" 2>&1
+      timeout 240 python3 -m splat tune --repeats 3 --report "$OUT/tune-report.json" >"$OUT/autotune.log" 2>&1
       echo "autotune rc=$?"; tail -3 "$OUT/autotune.log"; cp jax_bindings/tuning/*.json "$OUT/" 2>/dev/null ;;
     autotune-ex)
       timeout 300 python3 -m splat tune --exhaustive --ops fwd --lengths 16384 --no-backends --repeats 3 \

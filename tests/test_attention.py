@@ -11,7 +11,6 @@ validation.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import math
@@ -28,6 +27,8 @@ from reference import (
     attention_grads_ref,
     attention_ref,
     mask_array,
+    TAKES_EVERY_CALL,
+    refusal_skips,
 )
 
 import acsr
@@ -51,21 +52,6 @@ def make_inputs(rng, sq, skv, *, b=2, h=4, hk=2, d=16, dtype=jnp.float32):
     v = rng.standard_normal((b, skv, hk, d))
     do = rng.standard_normal((b, sq, h, d))
     return [jnp.asarray(x, dtype) for x in (q, k, v, do)]
-
-
-# Backends that must take every call of the base; a refusal by another one skips the test.
-TAKES_EVERY_CALL = ("jax", "triton")
-
-
-@contextlib.contextmanager
-def refusal_skips(backend: str):
-    """A partial backend's NotImplementedError skips the test with its reason; others' fail it."""
-    try:
-        yield
-    except NotImplementedError as e:
-        if backend in TAKES_EVERY_CALL:
-            raise
-        pytest.skip(f"{backend} refuses this call: {e}")
 
 
 def run(q, k, v, do, layout, scale, backend):

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reference import assert_close, attention_dense_grads, attention_grads_ref, attention_ref
+from reference import assert_close, attention_dense_grads, attention_grads_ref, attention_ref, refusal_skips
 
 import acsr
 import splat
@@ -329,7 +329,8 @@ def test_attention_matches_dense_reference(rng, backend, grid, geometry, dtype):
         out, vjp = jax.vjp(f, q, k, v)
         return out, vjp(do)
 
-    out, grads = run(q, k, v, do)
+    with refusal_skips(backend):
+        out, grads = run(q, k, v, do)
     assert out.shape == q.shape and out.dtype == dtype
     flat = [x.reshape(b, size, *x.shape[-2:]) for x in (q, k, v, do)]
     want = reference_mask(grid, **geometry)
