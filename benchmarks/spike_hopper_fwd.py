@@ -198,7 +198,7 @@ def _kv_loop(
 
 @triton.jit
 def _row_block(
-    Q, K, V, O, LSE, bh, pid_m, sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sob, sos, soh, H, S, qk_scale,
+    Q, K, V, Out, LSE, bh, pid_m, sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sob, sos, soh, H, S, qk_scale,
     WINDOW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr,
     EVEN: tl.constexpr, LOOP: tl.constexpr, STAGES: tl.constexpr, USE_TMA: tl.constexpr,
     WARP_SPEC: tl.constexpr, LAZY: tl.constexpr,
@@ -213,7 +213,7 @@ def _row_block(
     q_base = Q + b * sqb + h * sqh
     k_base = K + b * skb + h * skh
     v_base = V + b * svb + h * svh
-    o_base = O + b * sob + h * soh
+    o_base = Out + b * sob + h * soh
     # -- q [BLOCK_M, D], with scale * log2(e) folded in once
     if USE_TMA:
         k_src = tl.make_tensor_descriptor(k_base, [S, HEAD_D], [sks, 1], [BLOCK_N, HEAD_D])
@@ -276,7 +276,7 @@ def _row_block(
             WINDOW, BLOCK_N, _MASK, EVEN, USE_TMA, STAGES, WARP_SPEC, LAZY,
         )
     # -- epilogue: normalise with the true sums; lse in natural log
-    out = (acc / l_i[:, None]).to(O.dtype.element_ty)
+    out = (acc / l_i[:, None]).to(Out.dtype.element_ty)
     lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
     if USE_TMA:
         o_desc = tl.make_tensor_descriptor(o_base, [S, HEAD_D], [sos, 1], [BLOCK_M, HEAD_D])
@@ -292,7 +292,7 @@ def _row_block(
 # build that passed the check is the build that is timed
 @triton.jit(do_not_specialize=["BH", "H", "n_row_blocks", "n_programs"])
 def _attn_fwd(
-    Q, K, V, O, LSE, sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sob, sos, soh,
+    Q, K, V, Out, LSE, sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sob, sos, soh,
     BH, H, S, n_row_blocks, n_programs, qk_scale,
     WINDOW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr,
     EVEN: tl.constexpr, LOOP: tl.constexpr, STAGES: tl.constexpr, USE_TMA: tl.constexpr,
@@ -307,15 +307,15 @@ def _attn_fwd(
     if PERSISTENT:
         for t in range(tl.program_id(0), n_row_blocks * BH, n_programs):
             _row_block(
-                Q, K, V, O, LSE, t % BH, n_row_blocks - 1 - t // BH, sqb, sqs, sqh, skb, sks, skh, svb, svs,
+                Q, K, V, Out, LSE, t % BH, n_row_blocks - 1 - t // BH, sqb, sqs, sqh, skb, sks, skh, svb, svs,
                 svh, sob, sos, soh, H, S, qk_scale, WINDOW, BLOCK_M, BLOCK_N, HEAD_D, EVEN, LOOP, STAGES,
                 USE_TMA, WARP_SPEC, LAZY,
             )
     else:
         t = tl.program_id(0)
         _row_block(
-            Q, K, V, O, LSE, t % BH, n_row_blocks - 1 - t // BH, sqb, sqs, sqh, skb, sks, skh, svb, svs, svh,
-            sob, sos, soh, H, S, qk_scale, WINDOW, BLOCK_M, BLOCK_N, HEAD_D, EVEN, LOOP, STAGES, USE_TMA,
+            Q, K, V, Out, LSE, t % BH, n_row_blocks - 1 - t // BH, sqb, sqs, sqh, skb, sks, skh, svb, svs,
+            svh, sob, sos, soh, H, S, qk_scale, WINDOW, BLOCK_M, BLOCK_N, HEAD_D, EVEN, LOOP, STAGES, USE_TMA,
             WARP_SPEC, LAZY,
         )
 

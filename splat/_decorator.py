@@ -19,8 +19,6 @@ from typing import Any
 from jax_bindings import check_backend
 from splat._call_args import CallChecker, SparseAttentionFallbackWarning
 
-from jax_bindings import check_backend
-
 __all__ = ["SparseAttentionFallbackWarning", "sparse_attention"]
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-
 __all__ = ["attention_fn"]
 
 
@@ -81,7 +80,7 @@ def attention_fn(mask: Any = None, backend: str = "auto", *, fallback: bool = Fa
             )  # fmt: skip
 
         call_mask = mask
-        if call_mask is not None and getattr(call_mask, "dtype", None) != bool:
+        if call_mask is not None and getattr(getattr(call_mask, "dtype", None), "name", None) != "bool":
             call_mask = call_mask.astype(bool)  # flax masks may be 0/1 floats: nonzero attends
         call_dtype = dtype
         if call_dtype is None and not (query.dtype == key.dtype == value.dtype):

@@ -22,12 +22,12 @@ import numpy as np
 import pytest
 from reference import (
     MASKS,
+    TAKES_EVERY_CALL,
     assert_close,
     attention_dense_grads,
     attention_grads_ref,
     attention_ref,
     mask_array,
-    TAKES_EVERY_CALL,
     refusal_skips,
 )
 

@@ -199,7 +199,7 @@ def test_mask_expression_matches_predicate(name):
 def test_mask_expression_of_sinks_keeps_their_causality(causal):
     m = masks.sink(3, causal=causal) | masks.sliding_window(5, 0)
     q, kv = np.arange(40)[:, None], np.arange(40)[None, :]
-    got = np.broadcast_to(_peers.mask_expression(m)(q, kv), (40, 40))
+    got = np.broadcast_to(mask_forms.mask_expression(m)(q, kv), (40, 40))
     np.testing.assert_array_equal(got, np.broadcast_to(m(q, kv), (40, 40)))
     assert got[0, 2] != causal  # row 0 sees sink key 2 only in the bidirectional form
 

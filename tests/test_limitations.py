@@ -117,9 +117,8 @@ RAISED = {
     "bias": (_decorator_bias, ValueError, "`bias` (an additive bias) is not supported by splat"),
     "triton head dim": (
         _triton_head_dim,
-        ValueError,
-        "head dim D must be an int in [1, 256] for the Triton backend, got 512; "
-        "use backend='jax' for larger heads",
+        NotImplementedError,
+        "head dim D=512 > 256 has no Triton kernel; use backend='jax' for larger heads",
     ),
     "float64": (_float64, TypeError, "query must have dtype float32, bfloat16 or float16, got float64"),
 }

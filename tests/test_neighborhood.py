@@ -187,7 +187,9 @@ def test_from_fn_natten_predicate_gives_the_same_layout(grid, kernel_size, kw):
 
     def natten(q_idx, kv_idx):  # a user's vectorised NATTEN predicate (dilation 1)
         ok = True
-        for a, (xq, xk) in enumerate(zip(np.unravel_index(q_idx, grid), np.unravel_index(kv_idx, grid))):
+        for a, (xq, xk) in enumerate(
+            zip(np.unravel_index(q_idx, grid), np.unravel_index(kv_idx, grid), strict=True)
+        ):
             if c[a]:
                 leader = np.minimum(xq // s[a] * s[a] + s[a] - 1, grid[a] - 1)
                 ok = ok & (xk <= xq) & (leader - xk < k[a])

@@ -65,16 +65,28 @@ def test_rank_error():
 
 
 def _entry(op, family, s, ms, cfg=(64, 64, 4, 3, "fused")):
-    return {"op": op, "family": family, "s_bucket": s, "head_dim": 128, "dtype": "bfloat16",
-            "config": list(cfg), "time_ms": ms}
+    return {
+        "op": op,
+        "family": family,
+        "s_bucket": s,
+        "head_dim": 128,
+        "dtype": "bfloat16",
+        "config": list(cfg),
+        "time_ms": ms,
+    }
 
 
 def test_merge_store_replaces_same_keys_and_keeps_others():
-    old = {"schema": 1, "device_kind": "X", "tiles": [_entry("fwd", "window", 8192, 1.0),
-                                                       _entry("fwd", "causal", 8192, 2.0)],
-           "implementations": []}
-    new = [_entry("fwd", "window", 8192, 0.5, (128, 64, 8, 3, "fused")),
-           _entry("fwd", "window", 8192, 0.1, (64, 32, 4, 3, "fused"))]  # same key again: first kept
+    old = {
+        "schema": 1,
+        "device_kind": "X",
+        "tiles": [_entry("fwd", "window", 8192, 1.0), _entry("fwd", "causal", 8192, 2.0)],
+        "implementations": [],
+    }
+    new = [
+        _entry("fwd", "window", 8192, 0.5, (128, 64, 8, 3, "fused")),
+        _entry("fwd", "window", 8192, 0.1, (64, 32, 4, 3, "fused")),
+    ]  # same key again: first kept
     s = tune.merge_store(old, "X", new, [], 1)
     by = {(e["op"], e["family"]): e for e in s["tiles"]}
     assert len(s["tiles"]) == 2
@@ -85,9 +97,22 @@ def test_merge_store_replaces_same_keys_and_keeps_others():
 def test_merged_store_is_readable_by_the_store_reader(tmp_path, monkeypatch):
     from jax_bindings import _tuning
 
-    s = tune.merge_store(None, "NVIDIA Test", [_entry("fwd", "window", 8192, 0.5)], [
-        {"family": "causal_window", "s_bucket": 8192, "head_dim": 128, "dtype": "bfloat16",
-         "pass": "fwd", "times_ms": {"triton": 2.0, "cudnn": 1.0}}], _tuning.SCHEMA)
+    s = tune.merge_store(
+        None,
+        "NVIDIA Test",
+        [_entry("fwd", "window", 8192, 0.5)],
+        [
+            {
+                "family": "causal_window",
+                "s_bucket": 8192,
+                "head_dim": 128,
+                "dtype": "bfloat16",
+                "pass": "fwd",
+                "times_ms": {"triton": 2.0, "cudnn": 1.0},
+            }
+        ],
+        _tuning.SCHEMA,
+    )
     import json
 
     p = tmp_path / "s.json"
@@ -96,18 +121,31 @@ def test_merged_store_is_readable_by_the_store_reader(tmp_path, monkeypatch):
     _tuning.store.cache_clear()
     try:
         assert _tuning.lookup_tiles("fwd", "window", 8000, 128, "bfloat16") == (64, 64, 4, 3, "fused")
-        assert _tuning.rank_backends("causal_window", 8192, 128, "bfloat16", ("triton", "cudnn"), mode="fwd")[
-            0
-        ] == "cudnn"
+        assert (
+            _tuning.rank_backends("causal_window", 8192, 128, "bfloat16", ("triton", "cudnn"), mode="fwd")[0]
+            == "cudnn"
+        )
     finally:
         _tuning.store.cache_clear()
 
 
 def test_summarize_reports_the_pruned_choice():
-    recs = [{"exhaustive_best_ms": 1.0, "pruned_vs_exhaustive": 0.98, "pruned_seconds": 2.0,
-             "exhaustive_seconds": 20.0, "rank_error": {"spearman": 0.8, "best_measured_predicted_rank": 2}},
-            {"exhaustive_best_ms": 1.0, "pruned_vs_exhaustive": 1.0, "pruned_seconds": 1.0,
-             "exhaustive_seconds": 10.0, "rank_error": {"spearman": 0.6, "best_measured_predicted_rank": 1}}]
+    recs = [
+        {
+            "exhaustive_best_ms": 1.0,
+            "pruned_vs_exhaustive": 0.98,
+            "pruned_seconds": 2.0,
+            "exhaustive_seconds": 20.0,
+            "rank_error": {"spearman": 0.8, "best_measured_predicted_rank": 2},
+        },
+        {
+            "exhaustive_best_ms": 1.0,
+            "pruned_vs_exhaustive": 1.0,
+            "pruned_seconds": 1.0,
+            "exhaustive_seconds": 10.0,
+            "rank_error": {"spearman": 0.6, "best_measured_predicted_rank": 1},
+        },
+    ]
     s = tune.summarize(recs)
     assert s["time_share"] == pytest.approx(0.1) and s["within_3pct"] == 2
     assert s["pruned_speed_vs_best_min"] == 0.98 and s["spearman_mean"] == pytest.approx(0.7)
@@ -141,8 +179,15 @@ def test_run_tune_flow_with_a_fake_clock(monkeypatch, tmp_path):
 
     monkeypatch.setattr(tune, "time_tiles", fake_time)
     out = tmp_path / "store.json"
-    cfg = tune.TuneConfig(patterns=("causal_window", "dilated_window"), lengths=(2048,), heads=2,
-                          head_dim=64, exhaustive=True, backends=False, out=str(out))
+    cfg = tune.TuneConfig(
+        patterns=("causal_window", "dilated_window"),
+        lengths=(2048,),
+        heads=2,
+        head_dim=64,
+        exhaustive=True,
+        backends=False,
+        out=str(out),
+    )
     result = tune.main(cfg, report=str(tmp_path / "report.json"), log=lambda *a: None)
     store = result["store"]
     assert {e["op"] for e in store["tiles"]} == set(tune.OPS)

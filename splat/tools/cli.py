@@ -1,4 +1,4 @@
-"""The ``splat`` command line: ``splat analyze``, ``splat bench`` and ``splat tune`` (also ``python -m splat``).
+"""The ``splat`` command line: ``splat analyze``, ``bench`` and ``tune`` (also ``python -m splat``).
 
 ``splat analyze EXPR_OR_NPY`` prints how splat stores a mask (segments, strides,
 closed forms, residual, density); EXPR is a mask expression over the constructors
@@ -163,19 +163,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--exhaustive times every candidate and reports how the pruned choice compares.",
     )
     t.add_argument(
-        "--patterns", nargs="+", default=None, help=f"catalogue names (default: {' '.join(tune.DEFAULT_PATTERNS)})"
+        "--patterns",
+        nargs="+",
+        default=None,
+        help=f"catalogue names (default: {' '.join(tune.DEFAULT_PATTERNS)})",
     )
-    t.add_argument("--lengths", nargs="+", type=_positive_int, default=None, help="sequence lengths (8192 16384)")
+    t.add_argument(
+        "--lengths", nargs="+", type=_positive_int, default=None, help="sequence lengths (8192 16384)"
+    )
     t.add_argument("--ops", nargs="+", choices=list(tune.OPS), default=None, help="kernel ops (all three)")
     t.add_argument("--heads", type=_positive_int, default=16)
     t.add_argument("--head-dim", type=_positive_int, default=128)
     t.add_argument("--batch", type=_positive_int, default=1)
     t.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="bfloat16")
-    t.add_argument("--top", type=_positive_int, default=2, help="configs timed per case, best predicted first")
+    t.add_argument(
+        "--top", type=_positive_int, default=2, help="configs timed per case, best predicted first"
+    )
     t.add_argument("--exhaustive", action="store_true", help="time every candidate (to judge the pruning)")
     t.add_argument("--no-backends", action="store_true", help="skip timing triton against cudnn per pattern")
     t.add_argument("--repeats", type=_positive_int, default=5)
-    t.add_argument("--out", metavar="JSON", default=None, help="the store file to write (merged if it exists)")
+    t.add_argument(
+        "--out", metavar="JSON", default=None, help="the store file to write (merged if it exists)"
+    )
     t.add_argument("--report", metavar="JSON", default=None, help="also write every measurement here")
     return p
 

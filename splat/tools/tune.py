@@ -210,15 +210,24 @@ def time_backends(layout, cfg: TuneConfig, key, log=print) -> dict:
             o, pull = jax.vjp(fwd, q, k, v)
             return pull(do)
 
-        for mode, fn, args, feed in (("fwd", fwd, (q, k, v), {0: 0}), ("fwd_bwd", fwd_bwd, (q, k, v, do), {0: 0})):
+        for mode, fn, args, feed in (
+            ("fwd", fwd, (q, k, v), {0: 0}),
+            ("fwd_bwd", fwd_bwd, (q, k, v, do), {0: 0}),
+        ):
             try:
                 _, launch, sync = timing.compile_timed(fn, args, per_sample, feed)
             except (NotImplementedError, jax_bindings.BackendUnavailableError) as e:
                 log(f"  {name} {mode}: refused ({str(e)[:120]})")
                 break
             t = timing.time_call(
-                None, 1, cfg.repeats, launch=launch, sync=sync, per_sample=per_sample,
-                calls_per_launch=per_sample, min_sample_ms=min_ms,
+                None,
+                1,
+                cfg.repeats,
+                launch=launch,
+                sync=sync,
+                per_sample=per_sample,
+                calls_per_launch=per_sample,
+                min_sample_ms=min_ms,
             )
             out[mode][name] = float(t["ms"])
             log(f"  {name} {mode}: {t['ms']:.3f} ms")
@@ -335,7 +344,8 @@ def summarize(records: list) -> dict:
         "cases": len(ex),
         "tuning_seconds_pruned": sum(r["pruned_seconds"] for r in ex),
         "tuning_seconds_exhaustive": sum(r["exhaustive_seconds"] for r in ex),
-        "time_share": sum(r["pruned_seconds"] for r in ex) / max(sum(r["exhaustive_seconds"] for r in ex), 1e-9),
+        "time_share": sum(r["pruned_seconds"] for r in ex)
+        / max(sum(r["exhaustive_seconds"] for r in ex), 1e-9),
         "pruned_speed_vs_best_min": min(ratios),
         "pruned_speed_vs_best_mean": float(np.mean(ratios)),
         "within_3pct": sum(x >= 0.97 for x in ratios),
