@@ -332,10 +332,10 @@ def test_auto_on_cpu_is_pure_jax_and_quiet(rng, recwarn):
     if jax.default_backend() == "gpu":
         pytest.skip("CPU behaviour")
     q, k, v, _ = make_inputs(rng, 16, 16, b=1)
-    layout = layout_of("causal")
+    layout = masks.causal().to_acsr(16)
     assert jax_bindings.selected_backend("attention", q, k, v, layout, 0.25) == "jax"
     x = jax.ShapeDtypeStruct(q.shape, q.dtype)
-    assert jax_bindings.selected_backend("sddmm", x, x, layout_of("causal")) == "jax"
+    assert jax_bindings.selected_backend("sddmm", x, x, layout) == "jax"
     api.attention(q, k, v, masks.causal())
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
 

@@ -171,9 +171,12 @@ def _fake_tuning(monkeypatch, table):
         calls.append((op, family, q_len, head_dim, dtype))
         return table.get(op)
 
+    import jax_bindings
+
     mod = types.ModuleType("jax_bindings._tuning")
     mod.lookup_tiles = lookup_tiles
     monkeypatch.setitem(sys.modules, "jax_bindings._tuning", mod)
+    monkeypatch.setattr(jax_bindings, "_tuning", mod, raising=False)  # wins over sys.modules once imported
     spec._plan_cached.cache_clear()
     return calls
 
@@ -200,8 +203,8 @@ def test_tiles_for_rejects_a_bad_tuned_entry(monkeypatch):
 def test_tiles_for_without_tuning_module_uses_heuristics(monkeypatch):
     import jax_bindings
 
-    monkeypatch.delitem(sys.modules, "jax_bindings._tuning", raising=False)
-    monkeypatch.setattr(jax_bindings, "__path__", [])  # no submodule can be found: "not written yet"
+    monkeypatch.setitem(sys.modules, "jax_bindings._tuning", None)  # import raises ModuleNotFoundError
+    monkeypatch.delattr(jax_bindings, "_tuning", raising=False)
     lay = _window(256, 20)
     assert spec.tiles_for("fwd", lay, 64, "bfloat16") == Tiles(64, 64, 4, 3)
     assert spec.tiles_for("fwd", lay, 256, "bfloat16") == Tiles(64, 32, 8, 1)
@@ -213,6 +216,7 @@ def test_a_tuning_module_that_fails_to_import_is_not_hidden(monkeypatch, tmp_pat
 
     (tmp_path / "_tuning.py").write_text("import splat_no_such_module_for_this_test\n")
     monkeypatch.delitem(sys.modules, "jax_bindings._tuning", raising=False)
+    monkeypatch.delattr(jax_bindings, "_tuning", raising=False)
     monkeypatch.setattr(jax_bindings, "__path__", [str(tmp_path)])
     with pytest.raises(ModuleNotFoundError, match="splat_no_such_module_for_this_test"):
         spec.tiles_for("fwd", _window(), 64, "float16")
