@@ -203,7 +203,7 @@ def test_import_splat_loads_no_tooling():
     code = (
         "import json, sys; import splat; "
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('matplotlib', 'torch') "
-        "or m.startswith('splat.tools')))"
+        "or m.startswith('splat.tools'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
