@@ -32,7 +32,7 @@ for stage in "$@"; do
         --ignore=tests/test_examples.py --ignore=tests/test_sparsify.py >"$OUT/gpu_tests.log" 2>&1
       echo "pytest rc=$?"; tail -4 "$OUT/gpu_tests.log" ;;
     sanitize)
-      PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 \
+      PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 420 compute-sanitizer --tool memcheck --error-exitcode 9 \
         python3 benchmarks/sanitize_kernels.py >"$OUT/sanitizer.log" 2>&1
       echo "sanitizer rc=$?"; grep -E "ERROR SUMMARY|launches|Invalid|Error" "$OUT/sanitizer.log" | tail -6 ;;
     bench:*)

@@ -4,13 +4,19 @@ Uses the interpreter suite's cases (tests/test_triton_kernels.py: windows, dilat
 strided, block-local, unions, residual, masked rows, per-row-array and modular walks)
 at head dim 64 in float16, through the torch launcher, so no XLA kernels run under
 the sanitizer. Checks the fused output against the unfused SDDMM -> softmax -> SpMM
-path and every result for finiteness.
+path and every result for finiteness. Then every tile config the shipped tuning
+stores (``jax_bindings/tuning/*.json``) can choose, per op, on a window, a dilated
+and a residual (random) layout of 300 rows (not a multiple of any tile), bf16, head dim 128.
 
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --error-exitcode 9 \
         python3 benchmarks/sanitize_kernels.py
 """
 
 from __future__ import annotations
+
+import glob
+import json
+import os
 
 import numpy as np
 import torch
@@ -42,6 +48,38 @@ def main() -> None:
         assert err < 2e-2, f"{name}: fused and unfused outputs differ by {err:.3g}"
         print(f"{name:18s} 7 kernels ok (fused vs unfused {err:.1e})")
     print(f"{launched} launches over {len(CASES)} layouts")
+    print(f"{tuned_configs()} launches of the tuned tile configs")
+
+
+def tuned_configs() -> int:
+    """Each (op, tiles) of the shipped tuning stores, on three layouts of odd size; returns launches."""
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "jax_bindings", "tuning")
+    configs = set()
+    for path in glob.glob(os.path.join(root, "*.json")):
+        with open(path) as f:
+            for e in json.load(f)["tiles"]:
+                if e["op"] in ("fwd", "bwd_dq", "bwd_dkdv"):
+                    configs.add((e["op"], tuple(e["config"])))
+    launched = 0
+    for name in ("window", "dilated", "random"):
+        layout = _layout(name, 300, 300)
+        arrays = _inputs(layout, seed=2, H=4, Hkv=2, D=128, dtype=np.float16)
+        q, k, v, do = (torch.from_numpy(a).cuda().to(torch.bfloat16) for a in arrays)
+        scale = 128**-0.5
+        for op, tiles in sorted(configs):
+            fwd_tiles = tiles if op == "fwd" else None
+            cf = cg.fwd_call(layout, q.shape, k.shape, "bfloat16", scale, tiles=fwd_tiles)
+            out, lse = run_torch(cf, q, k, v)
+            pair = (tiles, None) if op == "bwd_dq" else (None, tiles) if op == "bwd_dkdv" else None
+            cq, ck = cg.bwd_calls(layout, q.shape, k.shape, "bfloat16", scale, tiles=pair)
+            dq, delta = run_torch(cq, q, k, v, do, out, lse)
+            dk, dv = run_torch(ck, q, k, v, do, lse, delta)
+            torch.cuda.synchronize()
+            launched += 3
+            for what, t in (("out", out), ("dq", dq), ("dk", dk), ("dv", dv)):
+                assert torch.isfinite(t.float()).all(), f"{name} {op} {tiles}: non-finite {what}"
+        print(f"{name:18s} {len(configs)} tuned (op, tiles) ok")
+    return launched
 
 
 if __name__ == "__main__":
