@@ -9,10 +9,15 @@
   registry order; one that cannot run here is skipped with the registry's
   reason, so the skip summary says why ("jax" runs everywhere, "triton" and
   "cudnn" on a CUDA GPU).
+* Without a GPU, ``TRITON_INTERPRET=1`` is set here, before any test imports
+  triton: every Triton kernel in the tests then runs under the interpreter, and
+  Triton (3.9) runs a kernel's calls to other jitted functions there only when
+  the variable was set as triton was first imported.
 """
 
 from __future__ import annotations
 
+import os
 import zlib
 
 import jax
@@ -20,6 +25,13 @@ import numpy as np
 import pytest
 
 from jax_bindings import _registry
+
+try:
+    _ON_GPU = jax.default_backend() == "gpu"
+except RuntimeError:
+    _ON_GPU = False
+if not _ON_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_addoption(parser):

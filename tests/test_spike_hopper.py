@@ -27,45 +27,66 @@ SCRIPT = ROOT / "benchmarks" / "spike_hopper_fwd.py"
 
 @pytest.fixture(scope="module")
 def spike():
-    """The script as a module, its kernels decorated under TRITON_INTERPRET=1."""
-    old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        spec = importlib.util.spec_from_file_location("_spike_hopper_fwd", SCRIPT)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = mod  # dataclasses resolve annotations through it
-        spec.loader.exec_module(mod)
-    finally:
-        if old is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = old
+    """The script as a module, for the tests that run no kernel (bookkeeping, arguments).
+
+    Imported as a GPU run would import it (no TRITON_INTERPRET): the tests that run its kernels
+    under the interpreter do it in a fresh interpreter (:func:`_fresh_python`), so this process's
+    Triton state is left as the other test files expect it."""
+    spec = importlib.util.spec_from_file_location("_spike_hopper_fwd", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses resolve annotations through it
+    spec.loader.exec_module(mod)
     return mod
 
 
-def test_every_variant_matches_reference_with_partial_tiles(spike):
+def _fresh_python(code: str) -> None:
+    """Runs ``code`` (with ``spike`` bound to the script as a module) in a new interpreter started
+    under TRITON_INTERPRET=1. Kernels that call other jitted functions run under the interpreter
+    only when triton was first imported with the variable set, which this process cannot promise
+    once another test has imported triton."""
+    prelude = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('_spike_hopper_fwd', {str(SCRIPT)!r})\n"
+        "spike = importlib.util.module_from_spec(spec)\n"
+        "sys.modules[spec.name] = spike\n"
+        "spec.loader.exec_module(spike)\n"
+    )
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(ROOT), *sys.path]))
+    proc = subprocess.run(
+        [sys.executable, "-c", prelude + code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_every_variant_matches_reference_with_partial_tiles():
     # S = 136: partial row and key tiles; a window of 96 keys: edge and interior tiles
     # (the slow CLI test below adds S = 256 and 200, the defaults). About 8 s of CPU.
-    args = spike.parse_args(["--check-only", "--interpret", "--check-lengths", "136"])
-    report = spike.check_interpreted(args)
-    bad = [c for c in report["checks"] if not c["ok"]]
-    assert not bad, bad
-    ran = {c["variant"] for c in report["checks"]}
-    # base, persistent and lazy use only plain loads and loops: they must run here
-    assert {"base", "persistent", "lazy"} <= ran, report["skipped"]
-    assert all(s["skipped"] for s in report["skipped"])  # every skip says why
-    assert len(report["checks"]) + len(report["skipped"]) == 2 * len(spike.INTERPRET_CONFIGS)
+    _fresh_python(
+        "args = spike.parse_args(['--check-only', '--interpret', '--check-lengths', '136'])\n"
+        "report = spike.check_interpreted(args)\n"
+        "bad = [c for c in report['checks'] if not c['ok']]\n"
+        "assert not bad, bad\n"
+        "ran = {c['variant'] for c in report['checks']}\n"
+        "# base, persistent and lazy use only plain loads and loops: they must run here\n"
+        "assert {'base', 'persistent', 'lazy'} <= ran, report['skipped']\n"
+        "assert all(s['skipped'] for s in report['skipped'])  # every skip says why\n"
+        "assert len(report['checks']) + len(report['skipped']) == 2 * len(spike.INTERPRET_CONFIGS)\n"
+    )
 
 
-def test_check_detects_a_wrong_window(spike, rng):
+def test_check_detects_a_wrong_window():
     # the tolerance separates a correct kernel from one off by a single key per row
-    q, k, v = spike._test_inputs(rng, (1, 160, 2, 32), np.float16)
-    cfg = spike.Config(32, 32, 4, 2)
-    out, lse = spike.run_interpreted(cfg, q, k, v, 48, 32**-0.5)
-    ro, rl = spike.reference_numpy(q, k, v, 48, 32**-0.5)
-    wo, wl = spike.reference_numpy(q, k, v, 49, 32**-0.5)
-    assert np.abs(out - ro).max() < spike.TOLERANCE and np.abs(lse - rl).max() < spike.TOLERANCE
-    assert max(np.abs(out - wo).max(), np.abs(lse - wl).max()) > spike.TOLERANCE
+    _fresh_python(
+        "import numpy as np\n"
+        "rng = np.random.default_rng(0)\n"
+        "q, k, v = spike._test_inputs(rng, (1, 160, 2, 32), np.float16)\n"
+        "cfg = spike.Config(32, 32, 4, 2)\n"
+        "out, lse = spike.run_interpreted(cfg, q, k, v, 48, 32**-0.5)\n"
+        "ro, rl = spike.reference_numpy(q, k, v, 48, 32**-0.5)\n"
+        "wo, wl = spike.reference_numpy(q, k, v, 49, 32**-0.5)\n"
+        "assert np.abs(out - ro).max() < spike.TOLERANCE and np.abs(lse - rl).max() < spike.TOLERANCE\n"
+        "assert max(np.abs(out - wo).max(), np.abs(lse - wl).max()) > spike.TOLERANCE\n"
+    )
 
 
 def test_nnz_counts_the_mask(spike):
