@@ -305,9 +305,8 @@ def _existing(path: str) -> dict | None:
 def merge_store(old: dict | None, device_kind: str, tiles: list, impls: list, schema: int) -> dict:
     """The store after this run: new entries replace old ones with the same key; one entry per key.
 
-    When several patterns share a family (key), the one measured last wins for tiles only if faster
-    is not knowable across patterns, so the first measured pattern of a family is kept and later
-    ones are dropped (the catalogue lists each family's reference pattern first).
+    Several patterns of a run can share a key (two patterns of one family at one S): the first
+    one measured is kept, so the pattern list names each family's reference pattern first.
     """
     tkey = lambda e: (e["op"], e["family"], e["s_bucket"], e["head_dim"], e["dtype"])
     ikey = lambda e: (e["family"], e["s_bucket"], e["head_dim"], e["dtype"], e["pass"])
