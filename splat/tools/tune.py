@@ -101,18 +101,15 @@ def walked_layout(op: str, layout):
     return transposed(layout) if op == "bwd_dkdv" else layout
 
 
-def time_tiles(op: str, layout, cfg: TuneConfig, tiles, key) -> float:
-    """Milliseconds per call of ``op`` with ``tiles`` (median; n calls chained in one program)."""
-    from jax_bindings._triton.backend import run_call
-
-    call = _call_for(op, layout, cfg, tiles)
-    args, feed = _inputs(op, layout, cfg, key)
+def chained_ms(fn, args: tuple, feed: dict, repeats: int) -> float:
+    """Median milliseconds per call of ``fn(*args)``, timed as calls chained in one jitted program
+    (:func:`splat.tools.timing.compile_timed`); compiling raises what tracing ``fn`` raises."""
     per_sample, min_ms = timing.sampling()
-    _, launch, sync = timing.compile_timed(lambda *a: run_call(call, *a), args, per_sample, feed)
+    _, launch, sync = timing.compile_timed(fn, args, per_sample, feed)
     t = timing.time_call(
         None,
         1,
-        cfg.repeats,
+        repeats,
         launch=launch,
         sync=sync,
         per_sample=per_sample,
@@ -120,6 +117,15 @@ def time_tiles(op: str, layout, cfg: TuneConfig, tiles, key) -> float:
         min_sample_ms=min_ms,
     )
     return float(t["ms"])
+
+
+def time_tiles(op: str, layout, cfg: TuneConfig, tiles, key) -> float:
+    """Milliseconds per call of ``op`` with ``tiles`` (median; n calls chained in one program)."""
+    from jax_bindings._triton.backend import run_call
+
+    call = _call_for(op, layout, cfg, tiles)
+    args, feed = _inputs(op, layout, cfg, key)
+    return chained_ms(lambda *a: run_call(call, *a), args, feed, cfg.repeats)
 
 
 def _key(t) -> str:
@@ -197,7 +203,6 @@ def time_backends(layout, cfg: TuneConfig, key, log=print) -> dict:
     ks = jax.random.split(key, 4)
     q, k, v, do = (jax.random.normal(x, (B, layout.q_len, H, D), dt) for x in ks)
     scale = D**-0.5
-    per_sample, min_ms = timing.sampling()
     out = {"fwd": {}, "fwd_bwd": {}}
     for name in ("triton", "cudnn"):
         if _registry.unavailable(name):
@@ -215,22 +220,12 @@ def time_backends(layout, cfg: TuneConfig, key, log=print) -> dict:
             ("fwd_bwd", fwd_bwd, (q, k, v, do), {0: 0}),
         ):
             try:
-                _, launch, sync = timing.compile_timed(fn, args, per_sample, feed)
+                ms = chained_ms(fn, args, feed, cfg.repeats)
             except (NotImplementedError, jax_bindings.BackendUnavailableError) as e:
                 log(f"  {name} {mode}: refused ({str(e)[:120]})")
                 break
-            t = timing.time_call(
-                None,
-                1,
-                cfg.repeats,
-                launch=launch,
-                sync=sync,
-                per_sample=per_sample,
-                calls_per_launch=per_sample,
-                min_sample_ms=min_ms,
-            )
-            out[mode][name] = float(t["ms"])
-            log(f"  {name} {mode}: {t['ms']:.3f} ms")
+            out[mode][name] = ms
+            log(f"  {name} {mode}: {ms:.3f} ms")
     return out
 
 
