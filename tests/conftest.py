@@ -26,11 +26,15 @@ import pytest
 
 from jax_bindings import _registry
 
-try:
-    _ON_GPU = jax.default_backend() == "gpu"
-except RuntimeError:
-    _ON_GPU = False
-if not _ON_GPU:
+
+def _has_gpu() -> bool:
+    try:
+        return jax.default_backend() == "gpu"
+    except RuntimeError:
+        return False
+
+
+if not _has_gpu():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
@@ -43,13 +47,6 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "slow: long sweep; deselected by default (run with --runslow or -m slow)"
     )
-
-
-def _has_gpu() -> bool:
-    try:
-        return jax.default_backend() == "gpu"
-    except RuntimeError:
-        return False
 
 
 def pytest_collection_modifyitems(config, items):
