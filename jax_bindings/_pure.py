@@ -337,14 +337,15 @@ def _chunk_keys(piece, kf, vf, blk, c):
 def _runtime_keep(mask, cols, shared, rt_blk, kv_ids):
     """The static ``mask [BQ, BK]`` AND-ed with the runtime mask: ``[B, 1, 1, BQ, BK]`` (or ``mask``).
 
-    ``rt_blk``: ``(lo, hi, ids)`` of the block's rows, ``[B, BQ]`` each (``ids`` may be None), or
-    None without a runtime mask; ``kv_ids``: ``[B, Skv']`` or None.
+    ``rt_blk``: ``(row_ok, kv_len, ids)``: whether each of the block's rows is a real query
+    ``[B, BQ]``, the key lengths ``[B]`` and the rows' ids ``[B, BQ]`` (or None); None without a
+    runtime mask. ``kv_ids``: ``[B, Skv']`` or None.
     """
     if rt_blk is None:
         return mask
-    lo, hi, ids = rt_blk
+    row_ok, kv_len, ids = rt_blk
     c = cols[None, None, :] if shared else cols[None]  # [1, 1|BQ, BK]
-    keep = mask[None] & (c >= lo[:, :, None]) & (c < hi[:, :, None])
+    keep = mask[None] & row_ok[:, :, None] & (c < kv_len[:, None, None])
     if ids is not None:
         kid = jnp.take(kv_ids, cols, axis=1, mode="clip")  # [B, BK] or [B, BQ, BK]
         keep &= ids[:, :, None] == (kid[:, None, :] if shared else kid)
@@ -373,12 +374,13 @@ def _block_inputs(piece) -> tuple:
     return (piece.kv_blocks, piece.bits)
 
 
-def _rt_blocks(rt, bq):
-    """The runtime mask's per-query arrays as ``(lo, hi, ids)`` row blocks ``[nb, B, bq]``, or None."""
+def _rt_blocks(rt, bq, sq):
+    """The runtime mask per row block: ``(row_ok [nb, B, bq], kv_len [nb, B], ids [nb, B, bq])``."""
     if rt is None:
         return None
+    row_ok = _blocks(jnp.arange(sq)[None, :] < rt.q_len[:, None], bq, False)
     ids = None if rt.q_ids is None else _blocks(rt.q_ids, bq)
-    return _blocks(rt.q_lo, bq), _blocks(rt.q_hi, bq), ids
+    return row_ok, jnp.broadcast_to(rt.kv_len, (row_ok.shape[0], *rt.kv_len.shape)), ids
 
 
 def _piece_fwd(piece, qs, kf, vf, rt=None, kv_ids=None, soft_cap=None):
@@ -420,7 +422,7 @@ def _piece_fwd(piece, qs, kf, vf, rt=None, kv_ids=None, soft_cap=None):
         lse = jnp.where(has, jnp.where(m == _NEG_INF, 0.0, m) + jnp.log(jnp.where(has, denom, 1.0)), _NEG_INF)
         return jnp.moveaxis(out, 3, 1), lse  # [B, BQ, Hk, G, D], [B, Hk, G, BQ]
 
-    out, lse = lax.map(step, (qb, nchunk, consts, _rt_blocks(rt, bq)))
+    out, lse = lax.map(step, (qb, nchunk, consts, _rt_blocks(rt, bq, sq)))
     return _unblocks(out, sq), _row_stats_unblocks(lse, sq)
 
 
@@ -435,7 +437,7 @@ def _piece_bwd(piece, qs, kf, vf, dof, lse, delta, dk, dv, rt=None, kv_ids=None,
         _row_stats_blocks(delta, bq, 0.0),
         jnp.asarray(piece.nchunk),
         tuple(jnp.asarray(a) for a in _block_inputs(piece)),
-        _rt_blocks(rt, bq),
+        _rt_blocks(rt, bq, sq),
     )
 
     def step(carry, args):

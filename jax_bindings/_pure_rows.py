@@ -231,6 +231,13 @@ def _prep(q, k, v, scale):
     return qs, jnp.pad(k.astype(_F32), pad), jnp.pad(v.astype(_F32), pad)
 
 
+def _ranges(rt, sq):
+    """Each query's key range ``[0, kv_len)`` (empty for padded queries): ``[B, Sq]`` twice."""
+    real = jnp.arange(sq)[None, :] < rt.q_len[:, None]
+    hi = jnp.where(real, rt.kv_len[:, None], 0)
+    return jnp.zeros_like(hi), hi
+
+
 def _kid(rt, b, skv):
     if rt.kv_ids is None:
         return jnp.zeros((b, 0), jnp.int32), None
@@ -243,11 +250,12 @@ def attention_fwd(q, k, v, rt, layout: ACSR, scale: float, soft_cap=None):
     rows = _rows(layout)
     qs, kf, vf = _prep(q, k, v, scale)
     kid, ids = _kid(rt, b, k.shape[1])
+    lo, hi = _ranges(rt, sq)
     one = functools.partial(_fwd_one, rows, soft_cap=soft_cap)
     if ids is None:
-        out, lse = jax.vmap(lambda *a: one(*a[:6], None, None))(qs, kf, vf, rt.q_pos, rt.q_lo, rt.q_hi)
+        out, lse = jax.vmap(lambda *a: one(*a[:6], None, None))(qs, kf, vf, rt.q_pos, lo, hi)
     else:
-        out, lse = jax.vmap(one)(qs, kf, vf, rt.q_pos, rt.q_lo, rt.q_hi, ids, kid)
+        out, lse = jax.vmap(one)(qs, kf, vf, rt.q_pos, lo, hi, ids, kid)
     lse = jnp.moveaxis(lse.reshape(b, sq, h), 1, 2)
     return out.reshape(b, sq, h, d).astype(q.dtype), lse
 
@@ -264,7 +272,8 @@ def attention_bwd(q, k, v, rt, out, lse, dout, layout: ACSR, scale: float, soft_
     lse = jnp.where(lse == _NEG_INF, 0.0, lse)  # empty rows: every probability is masked anyway
     kid, ids = _kid(rt, b, skv)
     one = functools.partial(_bwd_one, rows, soft_cap=soft_cap)
-    args = (qs, kf, vf, dof, lse, delta, rt.q_pos, rt.q_lo, rt.q_hi)
+    lo, hi = _ranges(rt, sq)
+    args = (qs, kf, vf, dof, lse, delta, rt.q_pos, lo, hi)
     if ids is None:
         dq, dk, dv = jax.vmap(lambda *a: one(*a, None, None))(*args)
     else:

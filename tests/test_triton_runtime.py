@@ -43,9 +43,9 @@ def _runtime_case(kind: str, sq: int, skv: int, rng):
 
 
 def _operands(rt, *, keys: bool):
-    lo, hi = (rt.kv_lo, rt.kv_hi) if keys else (rt.q_lo, rt.q_hi)
+    lens = (rt.kv_len, rt.q_len) if keys else (rt.q_len, rt.kv_len)
     ids = () if rt.q_ids is None else ((rt.kv_ids, rt.q_ids) if keys else (rt.q_ids, rt.kv_ids))
-    return [np.asarray(x) for x in (lo, hi, rt.exact, *ids)]
+    return [np.asarray(x) for x in (*lens, rt.exact, *ids)]
 
 
 def _run(layout, rt, q, k, v, do, scale, cap, loop):

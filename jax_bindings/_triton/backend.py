@@ -263,9 +263,9 @@ def _rt_operands(runtime, *, keys: bool) -> tuple:
     if runtime is None:
         return ()
     r = runtime
-    lo, hi = (r.kv_lo, r.kv_hi) if keys else (r.q_lo, r.q_hi)
+    lens = (r.kv_len, r.q_len) if keys else (r.q_len, r.kv_len)
     ids = () if r.q_ids is None else ((r.kv_ids, r.q_ids) if keys else (r.q_ids, r.kv_ids))
-    return (lo, hi, r.exact, *ids)
+    return (*lens, r.exact, *ids)
 
 
 def attention_fwd(q, k, v, runtime, layout: ACSR, scale: float, soft_cap=None):

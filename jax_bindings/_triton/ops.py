@@ -70,7 +70,7 @@ def fwd_call(
     """Fused forward: out ``[B, Sq, H, D]`` (dtype), lse ``[B, H, Sq]`` float32.
 
     ``runtime`` (:data:`~jax_bindings._triton.spec.RUNTIME_MASKS`): the kernel takes the runtime
-    mask operands after ``(q, k, v)``: ``q_lo, q_hi, exact`` and, for ``"ids"``, ``q_ids, kv_ids``
+    mask operands after ``(q, k, v)``: ``q_len, kv_len, exact`` and, for ``"ids"``, ``q_ids, kv_ids``
     (:class:`jax_bindings._runtime.RuntimeMask`). ``soft_cap``: a float or None.
     """
     B, Sq, H, D, Skv, Hkv = _dims(q_shape, k_shape)
@@ -91,8 +91,8 @@ def bwd_calls(
     with ``delta = sum(dout * out, -1)`` float32 ``[B, H, Sq]``; the dk/dv call,
     launched after it, takes ``(q, k, v, dout, lse, delta)`` and returns ``(dk, dv)``.
     ``tiles``: a pair (dq tiles, dk/dv tiles), either may be None. With a ``runtime`` mask the
-    dq call takes ``q_lo, q_hi, exact[, q_ids, kv_ids]`` after its inputs and the dk/dv call
-    ``kv_lo, kv_hi, exact[, kv_ids, q_ids]`` (its rows are keys).
+    dq call takes ``q_len, kv_len, exact[, q_ids, kv_ids]`` after its inputs and the dk/dv call
+    ``kv_len, q_len, exact[, kv_ids, q_ids]`` (its rows are keys).
     """
     B, Sq, H, D, Skv, Hkv = _dims(q_shape, k_shape)
     _check_layout(layout, Sq, Skv)

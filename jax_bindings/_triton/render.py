@@ -160,37 +160,45 @@ def _runtime_tiles(k: int, s: SegSpec) -> list[str]:
 
 
 def _runtime_prologue(spec: KernelSpec) -> list[str]:
-    """Loads the row block's runtime ranges (and ids); needs ``b`` (batch row) defined."""
+    """The row block's runtime bounds (see the glossary); needs ``b`` (batch row) defined."""
     if not spec.runtime:
         return []
     L = [
-        "# -- runtime mask: each row's column range [rlo, rhi); the block's union [rt_lo, rt_hi) bounds",
-        "#    the tiles walked, and tiles inside [rt_in_lo, rt_in_hi) (every row's range) skip the mask",
-        "rlo = tl.load(RtLo + b * ROWS + rows, mask=valid, other=0)",
-        "rhi = tl.load(RtHi + b * ROWS + rows, mask=valid, other=0)",
-        "rnz = valid & (rhi > rlo)",
-        "rt_lo = tl.min(tl.where(rnz, rlo, COLS), 0)",
-        "rt_hi = tl.max(tl.where(rnz, rhi, 0), 0)",
-        "rt_in_lo = tl.max(tl.where(valid, rlo, 0), 0)",
-        f"rt_in_hi = tl.min(tl.where(valid, rhi, {_BIG}), 0)",
-        f"rt_in_lo = tl.where(tl.load(RtExact + b) != 0, rt_in_lo, {_BIG})  # ids to compare: mask every tile",
+        "# -- runtime mask: the columns this block may see, [rt_lo, rt_hi), bound the tiles walked;",
+        "#    tiles inside [rt_in_lo, rt_in_hi), seen by every row, skip the mask",
+        "cn = tl.load(RtColLen + b)",
+        "rok = valid & (rows < tl.load(RtRowLen + b))",
+        "any_rok = tl.max(rok.to(tl.int32), 0) > 0",
+        "rt_lo = 0",
+        "rt_hi = tl.where(any_rok, cn, 0)",
+        "rt_in_lo = tl.where(tl.min(tl.where(valid, rok, True).to(tl.int32), 0) > 0, 0, COLS)  # a padded row: mask all",
+        "rt_in_hi = cn",
     ]
     if spec.runtime == "ids":
         L += [
             "rid = tl.load(RowIds + b * ROWS + rows, mask=valid, other=0)",
             "CIb = ColIds + b * COLS",
+            "# sorted ids (RtExact): rows with ids in [id_lo, id_hi] see the columns with ids in it, and",
+            "# every row sees those with ids in [id_hi, id_lo] (empty unless one document spans the block)",
+            f"id_lo = tl.min(tl.where(rok, rid, {_BIG}), 0)",
+            f"id_hi = tl.max(tl.where(rok, rid, -{_BIG}), 0)",
+            "exact = tl.load(RtExact + b) != 0",
+            "rt_lo = tl.where(exact, _count_ids(CIb, id_lo, False), 0)",
+            "rt_hi = tl.where(exact, tl.minimum(_count_ids(CIb, id_hi, True), rt_hi), rt_hi)",
+            "rt_in_lo = tl.where(exact, tl.maximum(_count_ids(CIb, id_hi, False), rt_in_lo), COLS)",
+            "rt_in_hi = tl.where(exact, tl.minimum(_count_ids(CIb, id_lo, True), rt_in_hi), 0)",
         ]
     else:
-        L += ["rid = rlo", "CIb = RtExact"]  # unused (RT == 1)
+        L += ["rid = rok", "CIb = RtExact"]  # unused (RT == 1)
     return L
 
 
 def _runtime_args(spec: KernelSpec, rtp: str = "rtp") -> str:
     """The tile functions' runtime-mask arguments."""
     if not spec.runtime:
-        return "rlo=None, rhi=None, rid=None, CIb=None, rtp=False, RT=0, CAPF=CAPF"
+        return "rok=None, cn=None, rid=None, CIb=None, rtp=False, RT=0, CAPF=CAPF"
     rt = 1 if spec.runtime == "ranges" else 2
-    return f"rlo=rlo, rhi=rhi, rid=rid, CIb=CIb, rtp={rtp}, RT={rt}, CAPF=CAPF"
+    return f"rok=rok, cn=cn, rid=rid, CIb=CIb, rtp={rtp}, RT={rt}, CAPF=CAPF"
 
 
 def _loop(spec: KernelSpec, s: SegSpec, fused_op: bool) -> str:
@@ -299,9 +307,16 @@ def _asserts(spec: KernelSpec) -> list[str]:
     return L
 
 
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
 def _header(spec: KernelSpec) -> str:
     q_len, kv_len = (spec.cols, spec.rows) if spec.op == "bwd_dkdv" else (spec.rows, spec.cols)
     H, HKV, D = spec.num_heads, spec.num_kv_heads, spec.head_dim
+    p1 = min(_pow2(spec.cols), 256)
+    step = -(-spec.cols // p1)
+    p2 = max(2, _pow2(step))
     segs = (
         "\n".join(
             f"#   segment {k}: mode={s.mode} stride={s.stride or 'per-row'} source={s.source} width={s.width}"
@@ -334,11 +349,13 @@ def _header(spec: KernelSpec) -> str:
         #   IS_FULL      (unfused ops, loads) the tile lies inside every row's range
         #   keep         [BLOCK_M, BLOCK_N] membership of (row, column) in the mask
         #   slot         value-array slot of (row, column) for the unfused ops
-        #   RT           runtime mask (fused ops): 0 none; 1 per-row column ranges [rlo, rhi)
-        #                (RtLo/RtHi [B, ROWS]); 2 ranges and segment ids (RowIds [B, ROWS] ==
-        #                ColIds [B, COLS]); rt_lo/rt_hi bound the tiles walked, rtp: the tile
-        #                crosses a range end (or RtExact[b] == 0) and is masked
+        #   RT           runtime mask (fused ops): 0 none; 1 lengths (rok: rows below RtRowLen[b],
+        #                cn = RtColLen[b]: columns at or past it unseen); 2 also segment ids
+        #                (RowIds [B, ROWS] == ColIds [B, COLS]); [rt_lo, rt_hi) bounds the tiles
+        #                walked; rtp: the tile is not inside [rt_in_lo, rt_in_hi) and is masked
         #   CAPF         SCALE / logits soft cap (0: none): scores become tanh(s * CAPF) / CAPF
+        #   SEARCH_*     _count_ids' two-level search of sorted ColIds: SEARCH_P1 probes every
+        #                SEARCH_STEP ids, then SEARCH_P2 (>= SEARCH_STEP) ids of one stretch
         import triton
         import triton.language as tl
 
@@ -357,6 +374,9 @@ def _header(spec: KernelSpec) -> str:
         KV_ROW = tl.constexpr({HKV * D})
         LOG2E = tl.constexpr(1.4426950408889634)
         LN2 = tl.constexpr(0.6931471805599453)
+        SEARCH_P1 = tl.constexpr({p1})
+        SEARCH_STEP = tl.constexpr({step})
+        SEARCH_P2 = tl.constexpr({p2})
         """).replace("{segs}", segs)
 
 
@@ -379,13 +399,30 @@ def _in_range(u, ub, ue):
 
 
 @triton.jit
-def _runtime_keep(cols, rlo, rhi, rid, CIb, RT: tl.constexpr):
-    """[BLOCK_M, BLOCK_N] runtime mask: cols inside each row's [rlo, rhi) (RT == 2: and of its segment)."""
-    keep = (cols[None, :] >= rlo[:, None]) & (cols[None, :] < rhi[:, None])
+def _runtime_keep(cols, rok, cn, rid, CIb, RT: tl.constexpr):
+    """[BLOCK_M, BLOCK_N] runtime mask: real rows, columns below cn (RT == 2: of the row's segment)."""
+    keep = rok[:, None] & (cols < cn)[None, :]
     if RT == 2:
         cid = tl.load(CIb + cols, mask=cols < COLS, other=0)
         keep = keep & (rid[:, None] == cid[None, :])
     return keep
+
+
+@triton.jit
+def _count_ids(Ids, x, INCLUSIVE: tl.constexpr):
+    """How many of the sorted Ids[0:COLS] are < x (<= x if INCLUSIVE): two gathers, no loop.
+
+    Probe every SEARCH_STEP-th id, count those below x (c), then count inside the one stretch
+    [(c - 1) * SEARCH_STEP, c * SEARCH_STEP) where the answer lies."""
+    i1 = tl.arange(0, SEARCH_P1) * SEARCH_STEP
+    v1 = tl.load(Ids + i1, mask=i1 < COLS, other=0)
+    below1 = ((v1 <= x) if INCLUSIVE else (v1 < x)) & (i1 < COLS)
+    base = tl.maximum(tl.sum(below1.to(tl.int32), 0) - 1, 0) * SEARCH_STEP
+    i2 = base + tl.arange(0, SEARCH_P2)
+    ok = (i2 < COLS) & (i2 < base + SEARCH_STEP)
+    v2 = tl.load(Ids + i2, mask=ok, other=0)
+    below2 = ((v2 <= x) if INCLUSIVE else (v2 < x)) & ok
+    return base + tl.sum(below2.to(tl.int32), 0)
 
 
 @triton.jit
@@ -396,7 +433,7 @@ def _tanh(x):
 
 @triton.jit
 def _fwd_tile(acc, m_i, l_i, q, Kb, Vb, QK_SCALE: tl.constexpr, cols, keep, u, ub, ue, part, MASK: tl.constexpr,
-              rlo, rhi, rid, CIb, rtp, RT: tl.constexpr, CAPF: tl.constexpr):
+              rok, cn, rid, CIb, rtp, RT: tl.constexpr, CAPF: tl.constexpr):
     k = _load_rows(Kb, cols, cols < KV_LEN, KV_ROW, MASK == 0)
     v = _load_rows(Vb, cols, cols < KV_LEN, KV_ROW, MASK == 0)
     s = tl.dot(q, tl.trans(k), input_precision=PREC)
@@ -409,7 +446,7 @@ def _fwd_tile(acc, m_i, l_i, q, Kb, Vb, QK_SCALE: tl.constexpr, cols, keep, u, u
             s = tl.where(_in_range(u, ub, ue), s, float("-inf"))
     if RT > 0:
         if rtp:  # the tile crosses a row's runtime range
-            s = tl.where(_runtime_keep(cols, rlo, rhi, rid, CIb, RT), s, float("-inf"))
+            s = tl.where(_runtime_keep(cols, rok, cn, rid, CIb, RT), s, float("-inf"))
     # scores stay unscaled: max first, then one FMA per score (QK_SCALE > 0 keeps the argmax)
     m_new = tl.maximum(m_i, tl.max(s, 1) * QK_SCALE)
     if MASK == 0 and RT == 0:  # every row has a finite score here
@@ -425,7 +462,7 @@ def _fwd_tile(acc, m_i, l_i, q, Kb, Vb, QK_SCALE: tl.constexpr, cols, keep, u, u
 
 @triton.jit
 def _dq_tile(dq, q, do, lse2, delta, Kb, Vb, QK_SCALE: tl.constexpr, cols, keep, u, ub, ue, part, MASK: tl.constexpr,
-             rlo, rhi, rid, CIb, rtp, RT: tl.constexpr, CAPF: tl.constexpr):
+             rok, cn, rid, CIb, rtp, RT: tl.constexpr, CAPF: tl.constexpr):
     k = _load_rows(Kb, cols, cols < KV_LEN, KV_ROW, MASK == 0)
     v = _load_rows(Vb, cols, cols < KV_LEN, KV_ROW, MASK == 0)
     s = tl.dot(q, tl.trans(k), input_precision=PREC)
@@ -440,7 +477,7 @@ def _dq_tile(dq, q, do, lse2, delta, Kb, Vb, QK_SCALE: tl.constexpr, cols, keep,
             p = tl.where(_in_range(u, ub, ue), p, 0.0)
     if RT > 0:
         if rtp:
-            p = tl.where(_runtime_keep(cols, rlo, rhi, rid, CIb, RT), p, 0.0)
+            p = tl.where(_runtime_keep(cols, rok, cn, rid, CIb, RT), p, 0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=PREC)
     ds = p * (dp - delta[:, None])
     if CAPF > 0:  # d(tanh) / d(logit)
@@ -451,7 +488,7 @@ def _dq_tile(dq, q, do, lse2, delta, Kb, Vb, QK_SCALE: tl.constexpr, cols, keep,
 
 @triton.jit
 def _dkdv_tile(dk, dv, k, v, Qb, DOb, Lb, Db, QK_SCALE: tl.constexpr, cols, keep, u, ub, ue, part, MASK: tl.constexpr,
-               rlo, rhi, rid, CIb, rtp, RT: tl.constexpr, CAPF: tl.constexpr):
+               rok, cn, rid, CIb, rtp, RT: tl.constexpr, CAPF: tl.constexpr):
     ok = cols < Q_LEN
     q = _load_rows(Qb, cols, ok, Q_ROW, MASK == 0)
     do = _load_rows(DOb, cols, ok, Q_ROW, MASK == 0)
@@ -469,7 +506,7 @@ def _dkdv_tile(dk, dv, k, v, Qb, DOb, Lb, Db, QK_SCALE: tl.constexpr, cols, keep
             pt = tl.where(_in_range(u, ub, ue), pt, 0.0)
     if RT > 0:
         if rtp:  # rows are keys here: their ranges and ids are over queries
-            pt = tl.where(_runtime_keep(cols, rlo, rhi, rid, CIb, RT), pt, 0.0)
+            pt = tl.where(_runtime_keep(cols, rok, cn, rid, CIb, RT), pt, 0.0)
     dv += tl.dot(pt.to(do.dtype), do, input_precision=PREC)
     dpt = tl.dot(v, tl.trans(do), input_precision=PREC)
     dst = pt * (dpt - delta[None, :])

@@ -82,11 +82,13 @@ class KernelSpec:
     first, with the grid's fastest axis over batch x heads (load balance for
     layouts with a few very long rows, e.g. global tokens).
     ``runtime``: the runtime mask the fused kernels AND in (:data:`RUNTIME_MASKS`;
-    see :mod:`jax_bindings._runtime`): ``""`` none; ``"ranges"`` per-row column
-    ranges ``RtLo/RtHi [B, rows]`` and the exactness flag ``RtExact [B]``, data
+    see :mod:`jax_bindings._runtime`): ``""`` none; ``"ranges"`` the lengths
+    ``RtRowLen [B]`` (rows at or past it are padding) and ``RtColLen [B]``
+    (columns at or past it are never seen) and the flag ``RtExact [B]``, data
     operands after the inputs; ``"ids"`` also ``RowIds [B, rows]`` and
-    ``ColIds [B, cols]``. Tiles outside a row block's ranges are skipped; tiles
-    crossing a range end (or every tile, where the flag is 0) are masked.
+    ``ColIds [B, cols]``. Tiles outside a row block's columns are skipped;
+    tiles crossing a length or a document end (or every tile, where ids are
+    not sorted) are masked.
     """
 
     op: str
@@ -121,7 +123,7 @@ class KernelSpec:
         """Names of the runtime-mask operands, in the order kernels take them (after the inputs)."""
         if not self.runtime:
             return ()
-        return ("RtLo", "RtHi", "RtExact") + (("RowIds", "ColIds") if self.runtime == "ids" else ())
+        return ("RtRowLen", "RtColLen", "RtExact") + (("RowIds", "ColIds") if self.runtime == "ids" else ())
 
     def meta_names(self) -> tuple[str, ...]:
         """Names of the metadata operands, in the order kernels take them."""
