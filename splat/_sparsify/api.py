@@ -237,7 +237,7 @@ def sparsify(
             return fn(*args, **kwargs)
         if plan.problems:
             report(plan.problems, False)
-        replace = {m.pv_out: ([m.q, m.k, m.v], m.fn) for m in plan.matches}
+        replace = {m.pv_out: ([m.q, m.k, m.v, *m.extra], m.fn) for m in plan.matches}
         outs = run_ir(plan.ir, dyn, replace)
         return jax.tree.unflatten(plan.out_tree, outs)
 
