@@ -266,6 +266,4 @@ def test_sparsify_analyses_the_detected_mask_once():
     with _count_calls() as n:
         attn(q, k, v)
     assert (n["analyze"], n["_check_qkv"], n["_layout"]) == (0, 1, 0)  # the plan's layout is reused
-    np.testing.assert_allclose(
-        np.asarray(first), _ref64(q, k, v, np.abs(I - J) <= 5), rtol=1e-4, atol=1e-5
-    )
+    np.testing.assert_allclose(np.asarray(first), _ref64(q, k, v, np.abs(I - J) <= 5), rtol=1e-4, atol=1e-5)
