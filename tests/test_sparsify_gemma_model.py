@@ -51,7 +51,7 @@ def _import_gemma():
 
 _config, _modules, _transformer = _import_gemma()
 
-VOCAB, LEN, WINDOW, CAP = 64, 16, 4, 50.0
+VOCAB, LEN, WINDOW, CAP = 64, 16, 4, 5.0
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +76,11 @@ def model_and_inputs():
     tokens[1, 11:] = 0  # gemma's padding token: the second row is padded on the right
     tokens = jnp.asarray(tokens, jnp.int32)
     params = model.init(jax.random.key(0), tokens)
+    # random-init scores are tiny; larger query/key weights make the soft cap and the masks matter
+    params = jax.tree_util.tree_map_with_path(
+        lambda path, x: x * 6.0 if any("q_einsum" in str(p) or "kv_einsum" in str(p) for p in path) else x,
+        params,
+    )
 
     def logits(params, tokens):
         return model.apply(params, tokens).logits
@@ -99,5 +104,5 @@ def test_gemma_transformer_logits_match(model_and_inputs):
         warnings.simplefilter("always")
         got = jax.jit(sf)(params, tokens)
     assert any(issubclass(w.category, SparsifyWarning) for w in rec)
-    want = jax.jit(logits)(params, tokens)
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-4)
+    want = np.asarray(jax.jit(logits)(params, tokens))
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
