@@ -3,6 +3,8 @@
 * ``gpu`` tests run only where ``jax.default_backend() == "gpu"`` (skipped, and
   counted in the ``-rs`` summary, elsewhere).
 * ``slow`` tests are deselected unless ``--runslow`` is given or ``-m`` names them.
+* ``gemma`` tests need the optional gemma library; their module skips itself, with the
+  reason, where gemma cannot be imported (it is no requirement of the default suite).
 * ``rng``: a fresh ``np.random.default_rng`` seeded from the test's id, so every
   test draws its own inputs and a failure reproduces.
 * ``backend``: every registered backend (``jax_bindings._registry``), in
@@ -47,6 +49,7 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "slow: long sweep; deselected by default (run with --runslow or -m slow)"
     )
+    config.addinivalue_line("markers", "gemma: needs the optional gemma library (skipped where missing)")
 
 
 def pytest_collection_modifyitems(config, items):

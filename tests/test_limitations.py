@@ -56,12 +56,13 @@ def _sparsify_padding():
     q, k, v = _qkv()
 
     @splat.sparsify
-    def padded(q, k, v, lengths):
+    def position_window(q, k, v, lengths):  # a padding mask alone would be a runtime argument
         i = jnp.arange(q.shape[1])
-        m = (i[None, :] < lengths[:, None])[:, None, None, :] & (i[:, None] >= i[None, :])[None, None]
-        return jax.nn.dot_product_attention(q, k, v, mask=m)
+        pos = jnp.cumsum(i[None, :] < lengths[:, None], axis=1)  # positions computed from the inputs
+        m = (pos[:, None, :] <= pos[:, :, None]) & (pos[:, :, None] - pos[:, None, :] < 8)
+        return jax.nn.dot_product_attention(q, k, v, mask=m[:, None])
 
-    return padded(q, k, v, jnp.array([30, 64]))
+    return position_window(q, k, v, jnp.array([30, 64]))
 
 
 def _decorator_lengths():
@@ -88,9 +89,9 @@ def _sparsify_soft_cap():
     @splat.sparsify
     def soft_capped(q, k, v):
         s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / 4
-        s = 30.0 * jnp.tanh(s / 30.0)  # Gemma 2's logit soft-cap
         i = jnp.arange(q.shape[1])
-        s = jnp.where((i[:, None] >= i[None, :])[None, None], s, -1e9)
+        s = jnp.where((i[:, None] >= i[None, :])[None, None], s, -1e9)  # masked inside the cap
+        s = 30.0 * jnp.tanh(s / 30.0)  # Gemma 2's logit soft-cap
         return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, -1), v)
 
     return soft_capped(q, k, v)
@@ -126,13 +127,13 @@ WARNED = {
     "data-dependent mask": (
         _sparsify_padding,
         splat.SparsifyWarning,
-        "the attention mask depends on the function's inputs; running the original dense function",
+        "the attention mask depends on the function's inputs through `lt` on bool[2,64,64] values "
+        "that vary along both query and key positions",
     ),
-    "soft-capping": (
+    "mask inside the soft cap": (
         _sparsify_soft_cap,
         splat.SparsifyWarning,
-        "the attention logits pass through `tanh`, which splat cannot express; "
-        "running the original dense function",
+        "the `where` mask is applied before the logit soft cap (`tanh`), which maps its fill to -cap",
     ),
 }
 

@@ -10,9 +10,16 @@ How it works (the *recognisable subgraph* approach; nothing is monkey-patched):
 2. Every ``dot_general`` whose operand is a softmax (``exp(x - max) / sum``, or
    a ``custom_jvp`` softmax) is a candidate ``P @ V``. From the softmax input we
    walk back to the ``Q @ K^T`` ``dot_general`` through converts, transposes,
-   scalar ``mul``/``div`` (the scale), ``select_n`` against a large negative
-   fill (``jnp.where(mask, s, -inf)``) and ``add`` of a 0/-inf bias.
-3. Each mask operand must be a compile-time constant: its backward slice may
+   reshapes that merge or split whole axes (grouped-query 5-D einsums,
+   ``labels``), scalar ``mul``/``div`` (the scale), one ``tanh`` between scalar
+   factors (the logit soft cap), ``select_n`` against a large negative fill
+   (``jnp.where(mask, s, -inf)``, or a finite fill at most ``NEG_THRESHOLD``)
+   and ``add`` of a 0/-inf bias.
+3. A ``where`` predicate is split into AND-ed terms (``runtime.split_predicate``).
+   Terms that depend on the inputs become ``splat.attention``'s runtime
+   arguments when they are a per-key (or per-query) padding mask or an equality
+   of id arrays (``runtime.classify``); any other is reported. The remaining
+   terms must be compile-time constants: their backward slice may
    only reach literals, closed-over constants and ``iota``. A symbolic pass
    (``symbolic.recognise``) first tries to name it with splat's constructors: indices
    are affine forms in the query index i and key index j; sub-expressions that
@@ -33,24 +40,32 @@ How it works (the *recognisable subgraph* approach; nothing is monkey-patched):
    grouped-query heads kept). Everything else, including any other use of the
    scores, runs as traced, so ``jit``, ``vmap`` and ``grad`` work as usual.
 
-Where nothing is found, or a mask depends on the inputs, the original function
-runs and a :class:`SparsifyWarning` says why (once per reason).
+Where nothing is found, or a mask depends on the inputs in a way splat cannot
+take, the original function runs and a :class:`SparsifyWarning` says why (once
+per reason); ``problems()`` lists the reasons.
 
 Fully masked rows: splat outputs 0 on a query row with no key, where dense
 attention outputs mean(V) (finite fill such as -1e9 or ``finfo.min``) or NaN
 (-inf fill or bias). So that results never change silently, an attention whose
 detected mask has such rows stays dense (with a one-time warning) unless the
-caller passes ``empty_rows="zero"``.
+caller passes ``empty_rows="zero"``. Rows emptied at run time by an
+input-dependent padding term (a row whose visible keys are all padding) cannot
+be known at trace time: there splat outputs 0 where the dense code outputs
+mean(V) (finite fill). A query padding term empties its rows by construction
+and so needs ``empty_rows="zero"``.
 
 Modules, each one concern: ``ir`` (the flat IR and its re-evaluation), ``indexing`` (index
-remapping through shape ops), ``numeric`` (values of constant slices at index arrays),
-``symbolic`` (iota-comparison masks -> constructors), ``matcher`` (the attention pattern and the
-replacement call) and ``api`` (this decorator, its cache and its warnings).
+remapping through shape ops), ``labels`` (axis labels through reshapes of the scores),
+``numeric`` (values of constant slices at index arrays), ``symbolic`` (iota-comparison masks ->
+constructors), ``runtime`` (input-dependent mask terms -> runtime arguments), ``matcher`` (the
+attention pattern and the replacement call) and ``api`` (this decorator, its cache and its
+warnings).
 
-Limits: masks that vary across batch or heads, non-0/-inf additive biases,
-logit soft-capping, dropout on the probabilities, and the cuDNN
-``implementation="cudnn"`` path (a custom call that hides its mask) are not
-detected.
+Limits: masks that vary across heads, input-dependent masks other than padding
+and id equality (e.g. a window over positions computed from the inputs),
+non-0/-inf additive biases, a mask inside the soft cap's ``tanh``, dropout on
+the probabilities, and the cuDNN ``implementation="cudnn"`` path (a custom call
+that hides its mask) are not detected.
 """
 
 from __future__ import annotations
@@ -150,10 +165,13 @@ def sparsify(
     """Run the dense attention inside ``fn`` through splat, with the mask found at trace time.
 
     ``fn`` is traced on its arguments' shapes; every ``softmax(q k^T * scale
-    masked) @ v`` (einsum or matmul form, ``jax.nn.dot_product_attention``,
-    ``flax.nnx.dot_product_attention``) whose mask is a compile-time constant
-    (built from ``jnp.arange``/iota comparisons or constant arrays) is replaced
-    by :func:`splat.attention` with that mask. Masks made of iota comparisons
+    masked) @ v`` (einsum or matmul form, grouped-query 5-D einsums with
+    reshapes, ``jax.nn.dot_product_attention``, ``flax.nnx.dot_product_attention``,
+    optionally soft-capped ``cap * tanh(x / cap)``) whose mask is a compile-time
+    constant (built from ``jnp.arange``/iota comparisons or constant arrays),
+    AND-ed with input-dependent padding or segment-id terms, is replaced by
+    :func:`splat.attention` with that mask (and ``segment_ids`` /
+    ``kv_segment_ids`` / ``logits_soft_cap``). Masks made of iota comparisons
     (bands, causal, sinks, global tokens, strided/dilated, and ``&``/``|`` of
     those) are recognised as splat's constructors in O(S); other constant masks
     become an exact predicate evaluated in row chunks. Nothing S x S is
@@ -237,7 +255,7 @@ def sparsify(
             return fn(*args, **kwargs)
         if plan.problems:
             report(plan.problems, False)
-        replace = {m.pv_out: ([m.q, m.k, m.v], m.fn) for m in plan.matches}
+        replace = {m.pv_out: ([m.q, m.k, m.v, *m.extra], m.fn) for m in plan.matches}
         outs = run_ir(plan.ir, dyn, replace)
         return jax.tree.unflatten(plan.out_tree, outs)
 

@@ -23,6 +23,8 @@ from jax.extend import core as jex_core
 
 from splat import _attention, masks
 from splat._analyzer import analyze
+from splat._sparsify import labels as lab_ops
+from splat._sparsify import runtime as rt_ops
 from splat._sparsify.ir import IR, Node, build_ir
 from splat._sparsify.numeric import NEG_THRESHOLD, NotSparsifiable, Slices, kept
 from splat._sparsify.symbolic import recognise
@@ -30,6 +32,7 @@ from splat._sparsify.symbolic import recognise
 __all__ = ["Found", "Match", "match_pv"]
 
 _PASS = ("convert_element_type", "copy", "copy_p")
+_SHAPE = ("transpose", "reshape", "squeeze")
 
 
 @dataclass(frozen=True)
@@ -41,8 +44,12 @@ class Found:
         ``SlidingWindow(left=1023, right=0)``) where recognised, else an exact
         ``from_fn`` predicate.
       q_len, kv_len: sequence lengths of the matched attention.
-      scale: the logit scale found.
+      scale: the logit scale found (with a soft cap: the scale of ``q . k`` inside
+        ``cap * tanh(scale * q . k / cap)``, as :func:`splat.attention` takes it).
       heads: ``(kv_heads, group)``: query heads = kv_heads * group (GQA).
+      soft_cap: the logit soft cap found (``c * tanh(x / c)``), or None.
+      runtime: the input-dependent mask terms passed as runtime arguments: any of
+        "kv_padding", "q_padding", "segment_ids" (see :mod:`splat._sparsify.runtime`).
     """
 
     mask: Any
@@ -50,6 +57,8 @@ class Found:
     kv_len: int
     scale: float
     heads: tuple[int, int]
+    soft_cap: float | None = None
+    runtime: tuple[str, ...] = ()
 
 
 @dataclass
@@ -60,9 +69,10 @@ class Match:
     v: int
     fn: Callable
     found: Found
+    extra: tuple[int, ...] = ()  # more inputs of ``fn`` after q, k, v (runtime mask sources)
 
 
-def _strip_back(ir: IR, vid: int, ops=_PASS + ("transpose",)) -> tuple[int, list[Node]]:
+def _strip_back(ir: IR, vid: int, ops=_PASS + _SHAPE) -> tuple[int, list[Node]]:
     """Walk back from ``vid`` through pass-through ops; returns (source vid, ops forward-ordered)."""
     chain = []
     while True:
@@ -73,11 +83,26 @@ def _strip_back(ir: IR, vid: int, ops=_PASS + ("transpose",)) -> tuple[int, list
         vid = node.ins[0]
 
 
-def _forward_labels(labels: list, chain: list[Node]) -> list:
+def _forward_labels(ir: IR, labels: list, chain: list[Node], size) -> list:
     for node in chain:
-        if node.prim.name == "transpose":
-            labels = [labels[a] for a in node.params["permutation"]]
+        labels = lab_ops.forward(ir, node, labels, size)
+        if labels is None:
+            raise NotSparsifiable(
+                f"a `{node.prim.name}` of the attention scores to {ir.avals[node.outs[0]].str_short()} "
+                "splits an axis that splat cannot follow"
+            )
     return labels
+
+
+def _check_mask_position(cap, outer: float, what: str) -> None:
+    """A mask term must meet the logits after the soft cap and before no non-positive factor."""
+    if cap is not None:
+        raise NotSparsifiable(
+            f"the {what} is applied before the logit soft cap (`tanh`), which maps its fill to -cap: "
+            "that is not a mask splat can express"
+        )
+    if not outer > 0:
+        raise NotSparsifiable(f"the masked logits are multiplied by {outer}; a mask needs a positive scale")
 
 
 def _match_softmax(ir: IR, sl: Slices, vid: int) -> tuple[int, int] | None:
@@ -154,17 +179,25 @@ def match_pv(ir: IR, sl: Slices, pv: Node, backend: str, empty_rows: str = "fall
     else:
         return None
     x, axis = sm
-    # walk back from the softmax input to Q K^T
+    # walk back from the softmax input to Q K^T. ``scale`` multiplies the factors met so far,
+    # which apply after what comes next; a `tanh` turns them into the soft cap and restarts it.
     chain: list[tuple[str, Node, Any]] = []
-    scale = 1.0
+    scale, cap = 1.0, None
     cur = x
     while True:
         node = ir.node_of(cur)
         if node is None:
             return None
         name = node.prim.name
-        if name in _PASS or name == "transpose":
+        if name in _PASS or name in _SHAPE:
             chain.append(("pass", node, None))
+            cur = node.ins[0]
+        elif name == "tanh":
+            if cap is not None:
+                raise NotSparsifiable("the attention logits pass through `tanh` twice; splat has one cap")
+            if not scale > 0:
+                raise NotSparsifiable(f"the soft cap's `tanh` is multiplied by {scale}, not a positive cap")
+            cap, scale = scale, 1.0
             cur = node.ins[0]
         elif name in ("mul", "div", "add", "select_n"):
             dyn = [u for u in node.ins if not sl.independent(u)]
@@ -173,14 +206,13 @@ def match_pv(ir: IR, sl: Slices, pv: Node, backend: str, empty_rows: str = "fall
                 pred, cases = node.ins[0], node.ins[1:]
                 if len(cases) != 2:
                     return None
-                if not sl.independent(pred):
-                    raise NotSparsifiable("the attention mask depends on the function's inputs")
                 fill = [i for i, u in enumerate(cases) if sl.independent(u)]
                 if len(fill) != 1:
                     return None
                 f = sl.scalar(cases[fill[0]])
                 if not f <= NEG_THRESHOLD:
                     raise NotSparsifiable(f"masked logits are filled with {f}, not a large negative value")
+                _check_mask_position(cap, scale, "`where` mask")
                 chain.append(("mask", node, (pred, fill[0] == 1)))  # fill in case 1 -> mask = not pred
                 cur = cases[1 - fill[0]]
             elif len(dyn) != 1:
@@ -190,6 +222,7 @@ def match_pv(ir: IR, sl: Slices, pv: Node, backend: str, empty_rows: str = "fall
                     raise NotSparsifiable("the logit scale depends on the function's inputs")
                 return None
             elif name == "add":
+                _check_mask_position(cap, scale, "additive mask")
                 chain.append(("bias", node, const[0]))
                 cur = dyn[0]
             else:
@@ -203,20 +236,30 @@ def match_pv(ir: IR, sl: Slices, pv: Node, backend: str, empty_rows: str = "fall
             break
         else:
             raise NotSparsifiable(f"the attention logits pass through `{name}`, which splat cannot express")
+    if cap is not None:
+        scale *= cap  # logits = cap * tanh(inner * qk) = cap * tanh((inner * cap) * qk / cap)
     chain.reverse()
-    # labels: QK^T output axis numbers, carried forward to the softmax and to P
+    # labels: QK^T output axis numbers (atoms), carried forward to the softmax and to P
     qk_shape = ir.shape(qk.outs[0])
-    labels = list(range(len(qk_shape)))
-    mask_terms = []
+
+    def size(atom):
+        return qk_shape[atom]
+
+    labels: list = list(range(len(qk_shape)))
+    mask_terms, runtime_leaves = [], []
     for kind, node, info in chain:
-        if kind == "pass" and node.prim.name == "transpose":
-            labels = [labels[a] for a in node.params["permutation"]]
+        if kind == "pass":
+            labels = _forward_labels(ir, labels, [node], size)
         elif kind == "mask":
-            mask_terms.append(("where", info[0], info[1], labels))
+            static, dynamic = rt_ops.split_predicate(ir, sl, info[0], labels, info[1], size)
+            mask_terms += [("where", leaf.vid, leaf.negate, list(leaf.labels)) for leaf in static]
+            runtime_leaves += dynamic
         elif kind == "bias":
             mask_terms.append(("bias", info, False, labels))
     kv = labels[axis]
-    p_labels = _forward_labels(labels, p_chain)
+    if not isinstance(kv, int):
+        return None
+    p_labels = _forward_labels(ir, labels, p_chain, size)
 
     (qlc, qrc), (qlb, qrb) = qk.params["dimension_numbers"]
     if len(qlc) != 1:
@@ -274,10 +317,23 @@ def match_pv(ir: IR, sl: Slices, pv: Node, backend: str, empty_rows: str = "fall
 
     # which query-free axis is the sequence axis? the one the masks vary along
     mask_axes: set = set()
-    for _, vid, _, lab in mask_terms:
-        if len(ir.shape(vid)) == len(lab):
-            mask_axes |= {lab[a] for a in sl.deps(vid)}
-    if not mask_terms:
+    todo, mask_terms = mask_terms, []
+    while todo:
+        kind, vid, negate, lab = term = todo.pop(0)
+        dims = {lab[a] for a in sl.deps(vid)} if len(ir.shape(vid)) == len(lab) else set()
+        if kind == "where" and dims - set(q_free) - {kv}:
+            # a constant that varies across the batch (a concrete padding mask argument): its
+            # parts that do are passed at run time like an input's
+            static, dynamic = rt_ops.split_predicate(ir, sl, vid, lab, negate, size, split_constants=True)
+            if len(static) == 1 and static[0].vid == vid:  # nothing to split
+                runtime_leaves.append(static[0])
+            else:
+                todo += [("where", leaf.vid, leaf.negate, list(leaf.labels)) for leaf in static]
+                runtime_leaves += dynamic
+            continue
+        mask_terms.append(term)
+        mask_axes |= dims
+    if not mask_terms and not runtime_leaves:
         raise NotSparsifiable("found dense attention without a mask; nothing to sparsify")
     if mask_axes - set(q_free) - {kv}:
         raise NotSparsifiable("the attention mask differs across batch or heads")
@@ -291,7 +347,7 @@ def match_pv(ir: IR, sl: Slices, pv: Node, backend: str, empty_rows: str = "fall
     t = seq[0]
     q_len, kv_len = qk_shape[t], qk_shape[kv]
 
-    mask = _make_mask(sl, mask_terms, t, kv, q_len, kv_len)
+    mask = _make_mask(sl, mask_terms, t, kv, q_len, kv_len) if mask_terms else masks.full()
     try:
         layout = analyze(mask, q_len, kv_len)  # evaluates (and caches) the layout now: errors surface here
     except NotSparsifiable:
@@ -318,6 +374,13 @@ def match_pv(ir: IR, sl: Slices, pv: Node, backend: str, empty_rows: str = "fall
     t_pos = q_lab.index(t)
     batch = [lab for i, lab in enumerate(q_lab) if isinstance(lab, int) and lab < nb and i < t_pos]
     heads = [lab for i, lab in enumerate(q_lab) if isinstance(lab, int) and lab < nb and i > t_pos]
+    runtime = rt_ops.classify(ir, runtime_leaves, batch, t, kv, size)
+    if runtime.q_valid and empty_rows != "zero":
+        raise NotSparsifiable(
+            "the mask has a query padding term computed from the function's inputs: its padded rows see "
+            "no key, where splat outputs 0 and this function does not, so it was left dense "
+            '(pass empty_rows="zero" to accept zeros on those rows)'
+        )
     group = [lab for lab in q_free if lab != t]
     n_heads, n_group = math.prod(sizes[h] for h in heads), math.prod(sizes[g] for g in group)
     out_dtype = ir.avals[pv.outs[0]].dtype
@@ -331,21 +394,43 @@ def match_pv(ir: IR, sl: Slices, pv: Node, backend: str, empty_rows: str = "fall
                 x = jnp.expand_dims(x, i)
         return x
 
-    def run(qv, kv_arr, vv):
+    def run(qv, kv_arr, vv, *extra):
         b = math.prod(sizes[lab] for lab in batch)
         qs = arrange(qv, q_lab, batch + [t] + heads + group, "d").reshape(b, q_len, n_heads * n_group, -1)
         ks = arrange(kv_arr, k_lab, batch + [kv] + heads, "d").reshape(b, kv_len, n_heads, -1)
         vs = arrange(vv, v_lab, batch + [kv] + heads, "e")
         vs = jnp.broadcast_to(vs, [sizes[lab] for lab in batch + [kv] + heads] + [sizes["e"]])
         vs = vs.reshape(b, kv_len, n_heads, -1)
-        qs, ks, vs, s = _attention._check_qkv(qs, ks, vs, scale)
-        o = _attention._attend(qs, ks, vs, layout, s, backend)  # the layout analysed above, not again
+        if cap is None and not extra:
+            qs, ks, vs, s = _attention._check_qkv(qs, ks, vs, scale)
+            o = _attention._attend(qs, ks, vs, layout, s, backend)  # the layout analysed above, not again
+        else:
+            seg = rt_ops.segment_arrays(runtime, extra, batch, t, kv, sizes) if extra else (None, None)
+            o = _attention.attention(
+                qs,
+                ks,
+                vs,
+                layout,
+                scale=scale,
+                segment_ids=seg[0],
+                kv_segment_ids=seg[1],
+                logits_soft_cap=cap,
+                backend=backend,
+            )
         order = batch + [t] + heads + group + ["e"]
         o = o.reshape([sizes[lab] for lab in order])
         return jnp.transpose(o, [order.index(lab) for lab in out_labels]).astype(out_dtype)
 
-    found = Found(mask=mask, q_len=q_len, kv_len=kv_len, scale=float(scale), heads=(n_heads, n_group))
-    return Match(pv.outs[0], q_vid, k_vid, v_vid, run, found)
+    found = Found(
+        mask=mask,
+        q_len=q_len,
+        kv_len=kv_len,
+        scale=float(scale),
+        heads=(n_heads, n_group),
+        soft_cap=None if cap is None else float(cap),
+        runtime=runtime.describe(),
+    )
+    return Match(pv.outs[0], q_vid, k_vid, v_vid, run, found, tuple(runtime.vids))
 
 
 _MASK_CACHE: dict[str, Any] = {}

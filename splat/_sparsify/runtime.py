@@ -1,0 +1,259 @@
+"""Input-dependent mask terms -> ``splat.attention``'s runtime arguments.
+
+A ``jnp.where(pred, scores, fill)`` predicate is split into an AND of *leaves* (through ``and``,
+``or`` under negation, ``not`` and shape ops on booleans, each leaf keeping the labels of its
+axes; see :mod:`splat._sparsify.labels`). Leaves that depend only on literals, constants and iota
+stay static mask terms. The others must be one of:
+
+- a key padding mask: varies only along batch and key axes (``input_mask[:, None, :]``, any
+  boolean or integer ``[B, 1, S]`` / ``[B, S]`` broadcast) -> ``kv_segment_ids = where(valid, 0, -1)``;
+- a query padding mask: varies only along batch and query axes (its rows are left with no key;
+  see ``empty_rows``);
+- equality of two id arrays, one varying along the query axis and one along the key axis
+  (``seg[:, :, None] == seg[:, None, :]``) -> ``segment_ids`` / ``kv_segment_ids``.
+
+Anything else (a comparison of input-dependent positions, a mask varying across heads, ...)
+raises :class:`NotSparsifiable` naming the operation. :func:`segment_arrays` combines the leaves
+at run time into one ``(segment_ids [B, Sq], kv_segment_ids [B, Skv])`` pair (int32): ids alone
+are passed unchanged; with padding too they are doubled and padding gets odd ids, so ids that
+differ by a multiple of 2**31 would collide (documented, not expected of real ids).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import jax.numpy as jnp
+import numpy as np
+
+from splat._sparsify import labels as lab_ops
+from splat._sparsify.ir import IR
+from splat._sparsify.numeric import NotSparsifiable, Slices
+
+__all__ = ["Leaf", "Runtime", "classify", "segment_arrays", "split_predicate"]
+
+_STRIP = ("broadcast_in_dim", "transpose", "reshape", "squeeze", "copy", "copy_p")
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One AND-ed term of a mask predicate: ``vid`` (negated when ``negate``), its axes' labels."""
+
+    vid: int
+    labels: tuple
+    negate: bool
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """The runtime mask terms of one attention, as value ids of the (stripped) source arrays.
+
+    ``kv_valid``/``q_valid``: ``(vid, labels, negate)`` of boolean padding masks; ``ids``:
+    ``((q_vid, q_labels), (kv_vid, kv_labels))`` of one id equality, or None.
+    """
+
+    kv_valid: tuple = ()
+    q_valid: tuple = ()
+    ids: tuple | None = None
+
+    @property
+    def vids(self) -> list[int]:
+        out = [v for v, _, _ in self.kv_valid + self.q_valid]
+        if self.ids is not None:
+            out += [self.ids[0][0], self.ids[1][0]]
+        return out
+
+    def describe(self) -> tuple[str, ...]:
+        return tuple(
+            name
+            for name, on in (
+                ("kv_padding", self.kv_valid),
+                ("q_padding", self.q_valid),
+                ("segment_ids", self.ids is not None),
+            )
+            if on
+        )
+
+
+def _is_bool(ir: IR, vid: int) -> bool:
+    return np.dtype(ir.avals[vid].dtype) == np.bool_
+
+
+def split_predicate(
+    ir: IR,
+    sl: Slices,
+    vid: int,
+    labels: Sequence,
+    negate: bool,
+    size: Callable[[int], int],
+    split_constants: bool = False,
+) -> tuple[list[Leaf], list[Leaf]]:
+    """(constant leaves, input-dependent leaves) whose AND is ``vid`` (``not vid`` when ``negate``).
+
+    A constant sub-predicate is kept whole (the symbolic pass reads and/or/not itself) unless
+    ``split_constants``: then it is split too (a constant mask that varies across the batch).
+    """
+    static: list[Leaf] = []
+    runtime: list[Leaf] = []
+    stack = [(vid, tuple(labels), negate)]
+    while stack:
+        v, lab, neg = stack.pop()
+        node = ir.node_of(v)
+        indep = sl.independent(v)
+        leaves = static if indep else runtime
+        if (indep and not split_constants) or node is None or not _is_bool(ir, v):
+            leaves.append(Leaf(v, lab, neg))
+            continue
+        name = node.prim.name
+        if (name == "and" and not neg) or (name == "or" and neg):
+            shape = ir.shape(v)
+            for u in node.ins:  # same rank; size-1 operand axes broadcast
+                ushape = ir.shape(u)
+                stack.append((u, tuple(x if ushape[a] == shape[a] else None for a, x in enumerate(lab)), neg))
+        elif name == "not":
+            stack.append((node.ins[0], lab, not neg))
+        elif name in _STRIP or (name == "convert_element_type" and _is_bool(ir, node.ins[0])):
+            back = lab_ops.backward(ir, node, lab, size)
+            if back is None:
+                leaves.append(Leaf(v, lab, neg))
+            else:
+                stack.append((node.ins[0], tuple(back), neg))
+        else:
+            leaves.append(Leaf(v, lab, neg))
+    return static, runtime
+
+
+def _strip(ir: IR, vid: int, labels: Sequence, size, keep_value: bool) -> tuple[int, tuple]:
+    """Walk back through broadcasts and shape ops to the smallest array holding the same values.
+
+    ``keep_value``: only value-preserving converts are crossed (ids); otherwise converts to bool
+    from bool or integers are crossed too (the leaf is read back with ``astype(bool)``).
+    """
+    labels = tuple(labels)
+    while True:
+        node = ir.node_of(vid)
+        if node is None or vid in ir.consts:
+            return vid, labels
+        name = node.prim.name
+        if name == "convert_element_type":
+            src, dst = np.dtype(ir.avals[node.ins[0]].dtype), np.dtype(ir.avals[vid].dtype)
+            ints = np.issubdtype(src, np.integer) or src == np.bool_
+            if keep_value:
+                ok = ints and np.issubdtype(dst, np.integer) and src.itemsize <= dst.itemsize
+            else:
+                ok = dst == np.bool_ and ints
+            if not ok:
+                return vid, labels
+        elif name not in _STRIP:
+            return vid, labels
+        back = lab_ops.backward(ir, node, labels, size)
+        if back is None:
+            return vid, labels
+        vid, labels = node.ins[0], tuple(back)
+
+
+def _varies(ir: IR, vid: int, labels: Sequence) -> set:
+    return {x for x, n in zip(labels, ir.shape(vid), strict=True) if n > 1}
+
+
+def classify(
+    ir: IR,
+    leaves: list[Leaf],
+    batch: Sequence,
+    t,
+    kv,
+    size: Callable[[int], int],
+) -> Runtime:
+    """The runtime arguments of the input-dependent leaves (``batch`` labels, query ``t``, key ``kv``).
+
+    Raises:
+      NotSparsifiable: a leaf is none of key padding, query padding or id equality.
+    """
+    on_kv, on_q = set(batch) | {kv}, set(batch) | {t}
+    kv_valid, q_valid, ids = [], [], []
+    for leaf in leaves:
+        src, lab = _strip(ir, leaf.vid, leaf.labels, size, keep_value=False)
+        dims = _varies(ir, src, lab)
+        if dims <= on_kv:
+            kv_valid.append((src, lab, leaf.negate))
+            continue
+        if dims <= on_q:
+            q_valid.append((src, lab, leaf.negate))
+            continue
+        node = ir.node_of(leaf.vid)
+        name = node.prim.name if node is not None else "an input"
+        if (name == "eq" and not leaf.negate) or (name == "ne" and leaf.negate):
+            shape = ir.shape(leaf.vid)
+            sides = []
+            for u in node.ins:
+                ulab = tuple(x if ir.shape(u)[a] == shape[a] else None for a, x in enumerate(leaf.labels))
+                s, sl_ = _strip(ir, u, ulab, size, keep_value=True)
+                sides.append((s, sl_, _varies(ir, s, sl_)))
+            if sides[1][2] <= on_q and sides[0][2] <= on_kv:
+                sides.reverse()
+            if sides[0][2] <= on_q and sides[1][2] <= on_kv:
+                if not all(np.issubdtype(np.dtype(ir.avals[s].dtype), np.integer) for s, _, _ in sides):
+                    raise NotSparsifiable(
+                        "the attention mask compares non-integer values computed from the function's "
+                        "inputs (`eq`); splat's segment ids are integers"
+                    )
+                ids.append(((sides[0][0], sides[0][1]), (sides[1][0], sides[1][1])))
+                continue
+        raise NotSparsifiable(
+            f"the attention mask depends on the function's inputs through `{name}` on "
+            f"{ir.avals[leaf.vid].str_short()} values that vary along both query and key positions "
+            "(or across heads); splat takes input-dependent masks only as a per-key (or per-query) "
+            "padding mask or as equality of two id arrays (segment ids)"
+        )
+    if len(ids) > 1:
+        raise NotSparsifiable("the attention mask ANDs two input-dependent id equalities; splat takes one")
+    return Runtime(tuple(kv_valid), tuple(q_valid), ids[0] if ids else None)
+
+
+def _gather(x, labels: Sequence, order: Sequence, sizes: dict):
+    """``x`` (axes ``labels``; every axis of length > 1 is in ``order``) as ``[prod(batch), n]``."""
+    keep = [a for a, n in enumerate(x.shape) if n > 1]
+    x = jnp.reshape(x, [x.shape[a] for a in keep])
+    lab = [labels[a] for a in keep]
+    x = jnp.transpose(x, [lab.index(o) for o in order if o in lab])
+    for i, o in enumerate(order):
+        if o not in lab:
+            x = jnp.expand_dims(x, i)
+    x = jnp.broadcast_to(x, [sizes[o] for o in order])
+    return x.reshape(-1, sizes[order[-1]])
+
+
+def segment_arrays(rt: Runtime, vals: Sequence, batch: Sequence, t, kv, sizes: dict):
+    """``(segment_ids [B, Sq], kv_segment_ids [B, Skv])`` int32 from the runtime leaves' values.
+
+    ``vals``: the arrays of ``rt.vids`` in that order.
+    """
+    it = iter(vals)
+
+    def valid(terms, seq):
+        out = None
+        for _, lab, neg in terms:
+            x = _gather(next(it), lab, list(batch) + [seq], sizes).astype(bool)
+            x = ~x if neg else x
+            out = x if out is None else out & x
+        return out
+
+    kv_ok, q_ok = valid(rt.kv_valid, kv), valid(rt.q_valid, t)
+    b = int(np.prod([sizes[x] for x in batch]))
+    if rt.ids is not None:
+        (_, q_lab), (_, kv_lab) = rt.ids
+        q_ids = _gather(next(it), q_lab, list(batch) + [t], sizes).astype(jnp.int32)
+        kv_ids = _gather(next(it), kv_lab, list(batch) + [kv], sizes).astype(jnp.int32)
+        if kv_ok is None and q_ok is None:
+            return q_ids, kv_ids
+        q_ids, kv_ids = 2 * q_ids, 2 * kv_ids  # even: ids; odd: padding (1 query, 3 key)
+        pad_q, pad_kv = 1, 3
+    else:
+        q_ids, kv_ids = jnp.zeros((b, sizes[t]), jnp.int32), jnp.zeros((b, sizes[kv]), jnp.int32)
+        pad_q, pad_kv = -2, -1
+    if q_ok is not None:
+        q_ids = jnp.where(q_ok, q_ids, pad_q)
+    if kv_ok is not None:
+        kv_ids = jnp.where(kv_ok, kv_ids, pad_kv)
+    return q_ids, kv_ids
