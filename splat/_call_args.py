@@ -287,6 +287,15 @@ def key_validity(mask, batch: tuple[int, ...], q_len: int, kv_len: int) -> jax.A
     return m.reshape(math.prod(batch), kv_len)
 
 
+def _decode_position(valid: jax.Array | None, kv_lens: jax.Array | None, b: int, kv_len: int) -> jax.Array:
+    """A decode step's query position, int32 ``[b]``: the last key it may see (-1: none)."""
+    last = jnp.full((b,), kv_len - 1, jnp.int32) if kv_lens is None else jnp.minimum(kv_lens, kv_len) - 1
+    if valid is not None:
+        seen = jnp.where(valid, jnp.arange(kv_len, dtype=jnp.int32), -1)
+        last = jnp.minimum(last, jnp.max(seen, axis=1))
+    return last
+
+
 def runtime_args(
     call: Mapping[str, Any], batch: tuple[int, ...], q_len: int, kv_len: int
 ) -> tuple[Any, dict[str, jax.Array], bool]:
@@ -323,11 +332,7 @@ def runtime_args(
         runtime["segment_ids"] = jnp.zeros((b, q_len), jnp.int32)
         runtime["kv_segment_ids"] = jnp.where(valid, 0, 1).astype(jnp.int32)
     if decode:
-        last = jnp.full((b,), kv_len - 1, jnp.int32) if kv_lens is None else kv_lens - 1
-        if valid is not None:
-            last = jnp.minimum(
-                last, jnp.max(jnp.where(valid, jnp.arange(kv_len, dtype=jnp.int32), -1), axis=1)
-            )
+        last = _decode_position(valid, kv_lens, b, kv_len)
         runtime["q_offset"] = jnp.maximum(last, 0)
         kv_lens = last + 1
     if q_lens is not None:
@@ -470,6 +475,35 @@ class CallChecker:
         rt = _runtime_args.runtime_mask(b, q_len, kv_len, **runtime) if runtime else None
         out = _attention._attend(q, k, v, analyze(mask, rows, kv_len), scale, self.backend, runtime=rt)
         return out.reshape(batch + out.shape[1:])
+
+    def own_mask_dense(self, query, key, call: Mapping[str, Any]):
+        """The front end's own mask as a dense boolean array, for a dense fallback that lacks it.
+
+        Returns:
+          None without an own mask; else ``[q_len, kv_len]``, or at a decode step (see the module
+          docstring) the row at the query's position, ``[batch..., 1, 1, kv_len]``; the position
+          is read off the call's ``mask`` (any head) and ``key_value_seq_lengths``.
+        """
+        if self.base is None and self._base_array is None:
+            return None
+        batch = tuple(query.shape[:-3])
+        q_len, kv_len = query.shape[-3], key.shape[-3]
+        mask = call.get("mask")
+        kv_lens = _lengths("key_value_seq_lengths", call.get("key_value_seq_lengths"), batch)
+        rows = kv_len if q_len == 1 < kv_len and (mask is not None or kv_lens is not None) else q_len
+        i, j = np.arange(rows)[:, None], np.arange(kv_len)[None, :]
+        own = np.asarray(self._base(rows, kv_len)(i, j), bool)
+        if rows == q_len:
+            return own
+        valid = None
+        if mask is not None:
+            m = jnp.asarray(mask, bool)
+            m = m.any(axis=tuple(range(max(m.ndim - 3, 0), m.ndim - 1)))  # heads, queries -> [lead..., kv]
+            while m.ndim > len(batch) + 1 and m.shape[0] == 1:
+                m = m[0]
+            valid = jnp.broadcast_to(m, batch + (kv_len,)).reshape(-1, kv_len)
+        pos = jnp.maximum(_decode_position(valid, kv_lens, math.prod(batch), kv_len), 0)
+        return jnp.take(jnp.asarray(own), pos, axis=0).reshape(batch + (1, 1, kv_len))
 
     def _refuse(self, reasons: list[str], dense: Callable[[], Any]):
         msg = "; ".join(reasons)

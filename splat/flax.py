@@ -47,7 +47,7 @@ def attention_fn(mask: Any = None, backend: str = "auto", *, fallback: bool = Fa
         ``bias``, dropout during training, ``sow_weights``, a traced or per-head
         ``mask`` that varies along the query axis), False raises
         ``ValueError`` naming it; True runs ``flax.nnx.dot_product_attention``
-        instead and warns once.
+        with the layer's ``mask`` (as a dense array) instead and warns once.
 
     Returns:
       ``fn(query, key, value, bias=None, mask=None, broadcast_dropout=True,
@@ -97,10 +97,13 @@ def attention_fn(mask: Any = None, backend: str = "auto", *, fallback: bool = Fa
     ):
         def dense():
             import flax.nnx as nnx
+            import jax.numpy as jnp
 
             kw = {} if promote_dtype is None else {"promote_dtype": promote_dtype}
+            own = checker.own_mask_dense(query, key, call)  # the layer's mask: dense attention lacks it
+            m = own if mask is None else mask if own is None else jnp.logical_and(mask, own)
             return nnx.dot_product_attention(
-                query, key, value, bias, mask, broadcast_dropout, dropout_rng, dropout_rate,
+                query, key, value, bias, m, broadcast_dropout, dropout_rng, dropout_rate,
                 deterministic, dtype, precision, module, is_causal=is_causal, **kw,
             )  # fmt: skip
 

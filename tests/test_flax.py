@@ -184,3 +184,22 @@ def test_decode_refuses_what_it_cannot_place():
         jax.jit(lambda m: splat.flax.attention_fn(masks.causal())(q, q, q, mask=m))(
             jnp.ones((2, 1, S, S), bool)
         )
+
+
+@pytest.mark.parametrize("decode", [False, True])
+def test_fallback_keeps_the_layer_mask(decode):
+    """fallback=True runs flax's dense attention with the layer's mask, at the decode position too."""
+    m, dense = _DECODE_MASKS["window"]
+    fb = _mha(splat.flax.attention_fn(m, fallback=True), seed=13, decode=decode)
+    ref = _mha(_dense_fn(dense & (J <= I)), seed=13)
+    x = _x(14)
+    want = np.asarray(ref(x))
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        if decode:  # a traced per-head mask: refused by splat, run dense
+            per_head = jnp.ones((2, NH, 1, S), bool)
+            got, _ = _decode(fb, x, jit=True, mask=per_head)
+        else:  # sow_weights: refused by splat, run dense
+            got = fb(x, is_causal=True, sow_weights=True)
+    assert any("running flax.nnx.dot_product_attention" in str(w.message) for w in rec)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-5)
