@@ -1,5 +1,7 @@
 """splat.bucket_length / splat.pad_to_bucket: one compile per bucket, padding masked by lengths."""
 
+import doctest
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -86,3 +88,12 @@ def test_one_trace_per_bucket_and_padding_changes_nothing():
         np.testing.assert_allclose(np.asarray(dq[:, :s]), np.asarray(dq_want), rtol=1e-4, atol=1e-5)
         assert float(jnp.abs(dq[:, s:]).sum()) == 0.0  # and get zero gradients
     assert traces == [(2, 40, h, d)]
+
+
+def test_docstring_examples_run():
+    import splat._buckets
+    import splat.flax
+
+    for mod in (splat._buckets, splat.flax):
+        result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
+        assert result.failed == 0 and result.attempted > 0, mod.__name__
