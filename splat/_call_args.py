@@ -12,8 +12,8 @@ Honoured:
     mask, as part of the static mask;
   * otherwise (traced, or differing across batch rows) it must vary along the key axis only
     (``[batch..., 1, 1, kv_len]``, a key padding mask, as Flax's decode mask is): it becomes
-    per-row key ids (``kv_segment_ids``), applied at run time. A traced or per-head mask that
-    varies along the query axis is refused;
+    per-row key ids (``kv_segment_ids``), applied at run time. Refused: such a mask that varies
+    along the query axis, or a traced one that varies across heads;
 
 - *a decode step*: a single query against a longer key sequence (``q_len == 1 < kv_len``, Flax's
   ``decode=True``: the query is the newest token, the keys the whole cache) that comes with a
@@ -287,6 +287,11 @@ def key_validity(mask, batch: tuple[int, ...], q_len: int, kv_len: int) -> jax.A
     return m.reshape(math.prod(batch), kv_len)
 
 
+def _is_decode(q_len: int, kv_len: int, mask, kv_lens) -> bool:
+    """Whether a call is a decode step: one query against longer keys, with a mask or lengths to place it."""
+    return q_len == 1 < kv_len and (mask is not None or kv_lens is not None)
+
+
 def _decode_position(valid: jax.Array | None, kv_lens: jax.Array | None, b: int, kv_len: int) -> jax.Array:
     """A decode step's query position, int32 ``[b]``: the last key it may see (-1: none)."""
     last = jnp.full((b,), kv_len - 1, jnp.int32) if kv_lens is None else jnp.minimum(kv_lens, kv_len) - 1
@@ -313,7 +318,7 @@ def runtime_args(
     mask = call.get("mask")
     q_lens = _lengths("query_seq_lengths", call.get("query_seq_lengths"), batch)
     kv_lens = _lengths("key_value_seq_lengths", call.get("key_value_seq_lengths"), batch)
-    decode = q_len == 1 < kv_len and (mask is not None or kv_lens is not None)
+    decode = _is_decode(q_len, kv_len, mask, kv_lens)
     static, valid = None, None
     if mask is not None:
         if decode or _is_tracer(mask):
@@ -448,7 +453,7 @@ class CallChecker:
         reasons = refusals(call, defaults)
         batch = _batch_axes(query, key, value)
         q_len, kv_len = query.shape[-3], key.shape[-3]
-        mask, runtime = None, {}
+        mask, runtime, rows = None, {}, q_len
         if not reasons:
             try:
                 static, runtime, decode = runtime_args(call, batch, q_len, kv_len)
@@ -471,7 +476,6 @@ class CallChecker:
         if dtype is not None:
             q, k, v = q.astype(dtype), k.astype(dtype), v.astype(dtype)
         q, k, v, scale = _attention._check_qkv(q, k, v, call.get("scale"))
-        rows = kv_len if "q_offset" in runtime else q_len
         rt = _runtime_args.runtime_mask(b, q_len, kv_len, **runtime) if runtime else None
         out = _attention._attend(q, k, v, analyze(mask, rows, kv_len), scale, self.backend, runtime=rt)
         return out.reshape(batch + out.shape[1:])
@@ -490,7 +494,7 @@ class CallChecker:
         q_len, kv_len = query.shape[-3], key.shape[-3]
         mask = call.get("mask")
         kv_lens = _lengths("key_value_seq_lengths", call.get("key_value_seq_lengths"), batch)
-        rows = kv_len if q_len == 1 < kv_len and (mask is not None or kv_lens is not None) else q_len
+        rows = kv_len if _is_decode(q_len, kv_len, mask, kv_lens) else q_len
         i, j = np.arange(rows)[:, None], np.arange(kv_len)[None, :]
         own = np.asarray(self._base(rows, kv_len)(i, j), bool)
         if rows == q_len:
