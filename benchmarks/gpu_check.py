@@ -277,7 +277,7 @@ def jax_timing(S: int = 16384) -> dict:
         scale = D**-0.5
         key = jax.random.split(jax.random.PRNGKey(0), 4)
         q, k, v, do = (jax.random.normal(kk, (B, S, H, D), jnp.bfloat16) for kk in key)
-        fwd = jax.jit(lambda a, b, c: jt.attention_fwd(a, b, c, layout, scale))
+        fwd = jax.jit(lambda a, b, c: jt.attention_fwd(a, b, c, None, layout, scale))
         att = lambda a, b, c: disp.attention(a, b, c, layout, scale, backend="triton")
         fb = jax.jit(lambda a, b, c, g: jax.vjp(att, a, b, c)[1](g))
         rec["fwd_hlo"] = _hlo_summary(fwd.lower(q, k, v).compile())

@@ -144,14 +144,18 @@ def _max_head_dim() -> int:
     return 128 if cc is not None and cc < (9, 0) else 256
 
 
-def attention(q, k, v, layout: ACSR, scale: float):
+def attention(q, k, v, runtime, layout: ACSR, scale: float, soft_cap=None):
     """Differentiable fused attention ``[B, Sq, H, D]`` through cuDNN (see the module docstring).
 
     ``q: [B, Sq, H, D]``, ``k, v: [B, Skv, Hk, D]`` in bfloat16 or float16;
     returns ``softmax(scale * q k^T | mask) v`` in ``q.dtype``. Refuses, with
     NotImplementedError, every mask, dtype, head dim and platform cuDNN cannot
-    take exactly.
+    take exactly, runtime masks (segment ids, lengths, offsets) and soft caps.
     """
+    if runtime is not None:
+        raise NotImplementedError("cudnn takes no runtime mask (segment ids, sequence lengths, q_offset)")
+    if soft_cap is not None:
+        raise NotImplementedError("cudnn takes no logits soft cap")
     _check_call(q, k)
     m = recognise(layout)
     return jax.nn.dot_product_attention(

@@ -23,16 +23,23 @@ otherwise. A fully masked row (no column in ``layout``) has output 0, lse
 Fused attention
 ---------------
 
-``attention_fwd(q, k, v, layout, scale) -> (out, lse)``
-    ``q: [B, Sq, H, D]``, ``k, v: [B, Skv, Hk, D]``.
+``attention_fwd(q, k, v, runtime, layout, scale, soft_cap) -> (out, lse)``
+    ``q: [B, Sq, H, D]``, ``k, v: [B, Skv, Hk, D]``; ``runtime``: a
+    :class:`~jax_bindings._runtime.RuntimeMask` (arrays, ``B`` at axis 0) AND-ed
+    with ``layout``, or None; ``soft_cap``: a positive float, or None: scores
+    ``z = scale * q . k`` become ``soft_cap * tanh(z / soft_cap)`` before
+    masking.
     ``out: [B, Sq, H, D]`` in ``q.dtype``: ``softmax(scale * q k^T | mask) v``.
-    ``lse: [B, H, Sq]`` float32: ``log sum_j exp(scale * q_i . k_j)`` over the
-    row's mask columns (natural log, scale applied); ``-inf`` for empty rows.
+    ``lse: [B, H, Sq]`` float32: ``log sum_j exp(z_ij)`` over the row's mask
+    columns (natural log, scale and soft cap applied); ``-inf`` for empty rows.
+    A backend that cannot take a ``runtime`` (or a part of it, such as
+    ``q_pos``) or a ``soft_cap`` refuses the call (below).
 
-``attention_bwd(q, k, v, out, lse, dout, layout, scale) -> (dq, dk, dv)``
+``attention_bwd(q, k, v, runtime, out, lse, dout, layout, scale, soft_cap) -> (dq, dk, dv)``
     ``out``/``lse`` as returned by ``attention_fwd`` (any backend's: the
     meaning is fixed above), ``dout: [B, Sq, H, D]``. Returns gradients with
-    the shapes and dtypes of ``q, k, v``. ``lse`` may contain ``-inf``.
+    the shapes and dtypes of ``q, k, v``. ``lse`` may contain ``-inf``. ``runtime``
+    gets no gradient.
 
 Unfused ops (padded value arrays ``[B, H, Sq, N]``, slots as in
 :mod:`acsr._format`; padding slots hold 0 in outputs and are ignored in inputs)
@@ -65,7 +72,7 @@ module path (imported on first use, only on the platforms the entry names), a
 one-line description, and those platforms. A module whose requirements are
 missing raises ImportError on import; :func:`available_backends` reports it.
 
-A module may also define ``attention(q, k, v, layout, scale) -> out``: a fused
+A module may also define ``attention(q, k, v, runtime, layout, scale, soft_cap) -> out``: a fused
 attention that JAX differentiates and batches by itself (a call of
 ``jax.nn.dot_product_attention``, say). Where it does, the differentiable
 :func:`attention` calls it as it is, with no ``custom_vjp`` or ``custom_vmap``
@@ -116,10 +123,11 @@ __all__ = [
     "spmm",
 ]
 
-# op -> (array arguments, static arguments), as the public functions below take them
+# op -> (array arguments, static arguments), as the public functions below take them ("runtime": a
+# RuntimeMask pytree or None; "soft_cap": a float or None)
 _SIGNATURES = {
-    "attention": (("q", "k", "v"), ("layout", "scale")),
-    "attention_with_lse": (("q", "k", "v"), ("layout", "scale")),
+    "attention": (("q", "k", "v", "runtime"), ("layout", "scale", "soft_cap")),
+    "attention_with_lse": (("q", "k", "v", "runtime"), ("layout", "scale", "soft_cap")),
     "sddmm": (("q", "k"), ("layout",)),
     "softmax": (("scores",), ("layout", "scale")),
     "spmm": (("probs", "v"), ("layout",)),
@@ -208,13 +216,18 @@ def _folded(name: str, op: str, static: tuple):
     def f(*arrays):
         return _call(name, op, *arrays, *static)
 
+    def fold(axis_size, x, batched):
+        if not batched:
+            x = jnp.broadcast_to(x, (axis_size, *x.shape))
+        return x.reshape(axis_size * x.shape[1], *x.shape[2:])
+
     @f.def_vmap
     def rule(axis_size, in_batched, *arrays):
-        flat = []
-        for x, bat in zip(arrays, in_batched, strict=True):
-            if not bat:
-                x = jnp.broadcast_to(x, (axis_size, *x.shape))
-            flat.append(x.reshape(axis_size * x.shape[1], *x.shape[2:]))
+        # an argument may be a pytree (a RuntimeMask, None): fold each of its arrays
+        flat = [
+            jax.tree.map(functools.partial(fold, axis_size), x, bat)
+            for x, bat in zip(arrays, in_batched, strict=True)
+        ]
         out = f(*flat)
         unfold = lambda y: y.reshape(axis_size, y.shape[0] // axis_size, *y.shape[1:])
         out = jax.tree.map(unfold, out)
@@ -238,19 +251,21 @@ def _backward(chain: tuple[str, ...], op: str, *args, static: tuple):
 # -----------------------------------------------------------------------------
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def _attention_vjp(q, k, v, layout: ACSR, scale: float, chain: tuple[str, ...]):
-    return _op(chain[0], "attention_fwd", q, k, v, static=(layout, scale))[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _attention_vjp(q, k, v, runtime, layout: ACSR, scale: float, soft_cap, chain: tuple[str, ...]):
+    return _op(chain[0], "attention_fwd", q, k, v, runtime, static=(layout, scale, soft_cap))[0]
 
 
-def _attention_fwd(q, k, v, layout, scale, chain):
-    out, lse = _op(chain[0], "attention_fwd", q, k, v, static=(layout, scale))
-    return out, (q, k, v, out, lse)
+def _attention_fwd(q, k, v, runtime, layout, scale, soft_cap, chain):
+    out, lse = _op(chain[0], "attention_fwd", q, k, v, runtime, static=(layout, scale, soft_cap))
+    return out, (q, k, v, runtime, out, lse)
 
 
-def _attention_bwd(layout, scale, chain, res, dout):
-    q, k, v, out, lse = res
-    return _backward(chain, "attention_bwd", q, k, v, out, lse, dout, static=(layout, scale))
+def _attention_bwd(layout, scale, soft_cap, chain, res, dout):
+    q, k, v, runtime, out, lse = res
+    static = (layout, scale, soft_cap)
+    dq, dk, dv = _backward(chain, "attention_bwd", q, k, v, runtime, out, lse, dout, static=static)
+    return dq, dk, dv, None  # the runtime mask's integer arrays get no gradient
 
 
 _attention_vjp.defvjp(_attention_fwd, _attention_bwd)
@@ -348,7 +363,7 @@ def _run(op: str, backend: str, arrays: tuple, static: tuple):
     return _JIT[op](*arrays, *static, _order(op, backend, arrays, static), backend == "auto")
 
 
-def selected_backend(op: str, *args, backend: str = "auto") -> str:
+def selected_backend(op: str, *args, backend: str = "auto", runtime=None, soft_cap=None) -> str:
     """The backend that would run ``op`` for these arguments here (nothing is computed).
 
     Args:
@@ -357,6 +372,7 @@ def selected_backend(op: str, *args, backend: str = "auto") -> str:
         arrays may be abstract (``jax.ShapeDtypeStruct``).
       backend: "auto" or a backend name (which is then returned, or raises
         what the call would raise).
+      runtime, soft_cap: as :func:`attention` takes them (fused ops only).
 
     Returns:
       The backend name. For "attention", the one running the forward pass (its
@@ -372,13 +388,19 @@ def selected_backend(op: str, *args, backend: str = "auto") -> str:
     if op not in _SIGNATURES:
         raise ValueError(f"op must be one of {tuple(_SIGNATURES)}, got {op!r}")
     array_names, static_names = _SIGNATURES[op]
-    if len(args) != len(array_names) + len(static_names):
+    fused = "runtime" in array_names
+    positional = [n for n in array_names + static_names if n not in ("runtime", "soft_cap")]
+    if len(args) != len(positional):
         raise TypeError(
-            f"selected_backend({op!r}, ...) takes {', '.join(array_names + static_names)}; "
-            f"got {len(args)} arguments"
+            f"selected_backend({op!r}, ...) takes {', '.join(positional)}; got {len(args)} arguments"
         )
-    arrays, static = args[: len(array_names)], tuple(args[len(array_names) :])
-    if "scale" in static_names:
+    if not fused and (runtime is not None or soft_cap is not None):
+        raise TypeError(f"selected_backend({op!r}, ...) takes no runtime or soft_cap")
+    n = len(array_names) - fused
+    arrays, static = args[:n], tuple(args[n:])
+    if fused:
+        arrays, static = (*arrays, runtime), (static[0], float(static[1]), _cap(soft_cap))
+    elif "scale" in static_names:
         static = (*static[:-1], float(static[-1]))
     names = _order(op, backend, arrays, static)
     chosen = []
@@ -392,14 +414,23 @@ def selected_backend(op: str, *args, backend: str = "auto") -> str:
     return chosen[0]
 
 
-def attention(q, k, v, layout: ACSR, scale: float, backend: str = "auto"):
-    """Fused sparse attention ``[B, Sq, H, D]``; differentiable in q, k, v. No input checks."""
-    return _run("attention", backend, (q, k, v), (layout, float(scale)))
+def _cap(soft_cap) -> float | None:
+    return None if soft_cap is None else float(soft_cap)
 
 
-def attention_with_lse(q, k, v, layout: ACSR, scale: float, backend: str = "auto"):
+def attention(q, k, v, layout: ACSR, scale: float, backend: str = "auto", *, runtime=None, soft_cap=None):
+    """Fused sparse attention ``[B, Sq, H, D]``; differentiable in q, k, v. No input checks.
+
+    ``runtime``: a :class:`~jax_bindings._runtime.RuntimeMask` or None; ``soft_cap``: a float or None.
+    """
+    return _run("attention", backend, (q, k, v, runtime), (layout, float(scale), _cap(soft_cap)))
+
+
+def attention_with_lse(
+    q, k, v, layout: ACSR, scale: float, backend: str = "auto", *, runtime=None, soft_cap=None
+):
     """``(out, lse)`` of the fused forward, not differentiable (for inspection and tests)."""
-    return _run("attention_with_lse", backend, (q, k, v), (layout, float(scale)))
+    return _run("attention_with_lse", backend, (q, k, v, runtime), (layout, float(scale), _cap(soft_cap)))
 
 
 def sddmm(q, k, layout: ACSR, backend: str = "auto"):

@@ -46,6 +46,7 @@ import numpy as np
 from jax import lax
 
 from acsr import ACSR, Segment, block_rows, key_spans
+from jax_bindings import _pure_rows
 
 _F32 = jnp.float32
 _NEG_INF = float("-inf")
@@ -304,8 +305,9 @@ def _row_stats_unblocks(x: jax.Array, s: int) -> jax.Array:
 def _chunk_keys(piece, kf, vf, blk, c):
     """Keys, values and mask of chunk ``c`` of one row block.
 
-    Returns ``(kc, vc, mask, shared)``: shared -> ``kc [B, BK, Hk, D]``,
-    else per row ``kc [B, BQ, BK, Hk, D]``; ``mask [BQ, BK]``.
+    Returns ``(kc, vc, mask, shared, cols)``: shared -> ``kc [B, BK, Hk, D]``
+    and ``cols [BK]``, else per row ``kc [B, BQ, BK, Hk, D]`` and ``cols [BQ, BK]``;
+    ``mask [BQ, BK]`` (the static layout's).
     """
     if isinstance(piece, _Window):
         start, lo, hi, st = blk
@@ -316,18 +318,37 @@ def _chunk_keys(piece, kf, vf, blk, c):
         mask = (cols[None, :] >= lo[:, None]) & (cols[None, :] < hi[:, None])
         if piece.strided:
             mask &= (cols[None, :] - lo[:, None]) % st[:, None] == 0
-        return kc, vc, mask, True
+        return kc, vc, mask, True, cols
     if isinstance(piece, _Gather):
         base, st, cnt = blk
         t = c * piece.chunk + jnp.arange(piece.chunk, dtype=jnp.int32)
         mask = t[None, :] < cnt[:, None]
         cols = jnp.where(mask, base[:, None] + st[:, None] * t[None, :], 0)
-        return jnp.take(kf, cols, axis=1, mode="clip"), jnp.take(vf, cols, axis=1, mode="clip"), mask, False
+        kc, vc = jnp.take(kf, cols, axis=1, mode="clip"), jnp.take(vf, cols, axis=1, mode="clip")
+        return kc, vc, mask, False, cols
     kvb, bits = blk  # [n_chunks * per], [n_chunks, bq, per * bkv]
     idx = lax.dynamic_slice_in_dim(kvb, c * piece.per_chunk, piece.per_chunk)
     cols = (idx[:, None] * piece.block_kv + jnp.arange(piece.block_kv, dtype=jnp.int32)).reshape(-1)
     mask = lax.dynamic_index_in_dim(bits, c, axis=0, keepdims=False)
-    return jnp.take(kf, cols, axis=1, mode="clip"), jnp.take(vf, cols, axis=1, mode="clip"), mask, True
+    kc, vc = jnp.take(kf, cols, axis=1, mode="clip"), jnp.take(vf, cols, axis=1, mode="clip")
+    return kc, vc, mask, True, cols
+
+
+def _runtime_keep(mask, cols, shared, rt_blk, kv_ids):
+    """The static ``mask [BQ, BK]`` AND-ed with the runtime mask: ``[B, 1, 1, BQ, BK]`` (or ``mask``).
+
+    ``rt_blk``: ``(lo, hi, ids)`` of the block's rows, ``[B, BQ]`` each (``ids`` may be None), or
+    None without a runtime mask; ``kv_ids``: ``[B, Skv']`` or None.
+    """
+    if rt_blk is None:
+        return mask
+    lo, hi, ids = rt_blk
+    c = cols[None, None, :] if shared else cols[None]  # [1, 1|BQ, BK]
+    keep = mask[None] & (c >= lo[:, :, None]) & (c < hi[:, :, None])
+    if ids is not None:
+        kid = jnp.take(kv_ids, cols, axis=1, mode="clip")  # [B, BK] or [B, BQ, BK]
+        keep &= ids[:, :, None] == (kid[:, None, :] if shared else kid)
+    return keep[:, None, None]
 
 
 def _scores(qb, kc, shared):
@@ -352,7 +373,15 @@ def _block_inputs(piece) -> tuple:
     return (piece.kv_blocks, piece.bits)
 
 
-def _piece_fwd(piece, qs, kf, vf):
+def _rt_blocks(rt, bq):
+    """The runtime mask's per-query arrays as ``(lo, hi, ids)`` row blocks ``[nb, B, bq]``, or None."""
+    if rt is None:
+        return None
+    ids = None if rt.q_ids is None else _blocks(rt.q_ids, bq)
+    return _blocks(rt.q_lo, bq), _blocks(rt.q_hi, bq), ids
+
+
+def _piece_fwd(piece, qs, kf, vf, rt=None, kv_ids=None, soft_cap=None):
     """Normalised partial output ``[B, Sq, H, D]`` and logsumexp ``[B, Hk, G, Sq]`` of one piece."""
     b, sq, hk, g, d = qs.shape
     bq = piece.block_q
@@ -361,13 +390,14 @@ def _piece_fwd(piece, qs, kf, vf):
     nchunk = jnp.asarray(piece.nchunk)
 
     def step(args):
-        q_blk, n, blk = args
+        q_blk, n, blk, rt_blk = args
         stats_shape = (b, hk, g, bq)
 
         def body(c, state):
             m, denom, acc = state
-            kc, vc, mask, shared = _chunk_keys(piece, kf, vf, blk, c)
-            s = jnp.where(mask, _scores(q_blk, kc, shared), _NEG_INF)
+            kc, vc, mask, shared, cols = _chunk_keys(piece, kf, vf, blk, c)
+            keep = _runtime_keep(mask, cols, shared, rt_blk, kv_ids)
+            s = jnp.where(keep, _pure_rows.capped(_scores(q_blk, kc, shared), soft_cap)[0], _NEG_INF)
             m_new = jnp.maximum(m, s.max(axis=-1))
             m_safe = jnp.where(m_new == _NEG_INF, 0.0, m_new)
             p = jnp.exp(s - m_safe[..., None])
@@ -390,11 +420,11 @@ def _piece_fwd(piece, qs, kf, vf):
         lse = jnp.where(has, jnp.where(m == _NEG_INF, 0.0, m) + jnp.log(jnp.where(has, denom, 1.0)), _NEG_INF)
         return jnp.moveaxis(out, 3, 1), lse  # [B, BQ, Hk, G, D], [B, Hk, G, BQ]
 
-    out, lse = lax.map(step, (qb, nchunk, consts))
+    out, lse = lax.map(step, (qb, nchunk, consts, _rt_blocks(rt, bq)))
     return _unblocks(out, sq), _row_stats_unblocks(lse, sq)
 
 
-def _piece_bwd(piece, qs, kf, vf, dof, lse, delta, dk, dv):
+def _piece_bwd(piece, qs, kf, vf, dof, lse, delta, dk, dv, rt=None, kv_ids=None, soft_cap=None):
     """Adds one piece's gradients: returns ``dq_s`` (w.r.t. the scaled q) and updated ``dk, dv``."""
     b, sq, hk, g, d = qs.shape
     bq = piece.block_q
@@ -405,18 +435,22 @@ def _piece_bwd(piece, qs, kf, vf, dof, lse, delta, dk, dv):
         _row_stats_blocks(delta, bq, 0.0),
         jnp.asarray(piece.nchunk),
         tuple(jnp.asarray(a) for a in _block_inputs(piece)),
+        _rt_blocks(rt, bq),
     )
 
     def step(carry, args):
-        q_blk, do_blk, lse_blk, delta_blk, n, blk = args
+        q_blk, do_blk, lse_blk, delta_blk, n, blk, rt_blk = args
 
         def body(c, state):
             dq, dk, dv = state
-            kc, vc, mask, shared = _chunk_keys(piece, kf, vf, blk, c)
-            s = _scores(q_blk, kc, shared)
-            p = jnp.where(mask, jnp.exp(jnp.minimum(s - lse_blk[..., None], 0.0)), 0.0)
+            kc, vc, mask, shared, cols = _chunk_keys(piece, kf, vf, blk, c)
+            keep = _runtime_keep(mask, cols, shared, rt_blk, kv_ids)
+            s, t = _pure_rows.capped(_scores(q_blk, kc, shared), soft_cap)
+            p = jnp.where(keep, jnp.exp(jnp.minimum(s - lse_blk[..., None], 0.0)), 0.0)
             dp = _scores(do_blk, vc, shared)
-            ds = jnp.where(mask, p * (dp - delta_blk[..., None]), 0.0)
+            ds = jnp.where(keep, p * (dp - delta_blk[..., None]), 0.0)
+            if t is not None:  # d(cap * tanh(s / cap)) / ds
+                ds = ds * (1.0 - t * t)
             dq = dq + jnp.moveaxis(_pv(ds, kc, shared), 3, 1)
             if shared:
                 dk_c = jnp.einsum("bhgqk,bqhgd->bkhd", ds, q_blk)
@@ -495,21 +529,34 @@ def _merge(parts, shape):
     return out, lse
 
 
-def attention_fwd(q, k, v, layout: ACSR, scale: float):
+def _kv_ids(rt, kf):
+    """The runtime key ids padded to ``kf``'s length (the padding is never in a row's range)."""
+    if rt is None or rt.kv_ids is None:
+        return None
+    return jnp.pad(rt.kv_ids, ((0, 0), (0, kf.shape[1] - rt.kv_ids.shape[1])))
+
+
+def attention_fwd(q, k, v, runtime, layout: ACSR, scale: float, soft_cap=None):
     """Fused forward. See :mod:`jax_bindings._dispatch` for the contract."""
+    if runtime is not None and runtime.q_pos is not None:
+        return _pure_rows.attention_fwd(q, k, v, runtime, layout, scale, soft_cap)
     b, sq, h, d = q.shape
     qs, kf, vf = _prep(q, k, v, layout, scale)
-    parts = [_piece_fwd(p, qs, kf, vf) for p in _plan(layout)]
+    kv_ids = _kv_ids(runtime, kf)
+    parts = [_piece_fwd(p, qs, kf, vf, runtime, kv_ids, soft_cap) for p in _plan(layout)]
     out, lse = _merge(parts, qs.shape)
     return out.reshape(b, sq, h, d).astype(q.dtype), lse.reshape(b, h, sq)
 
 
-def attention_bwd(q, k, v, out, lse, dout, layout: ACSR, scale: float):
+def attention_bwd(q, k, v, runtime, out, lse, dout, layout: ACSR, scale: float, soft_cap=None):
     """Fused backward (recomputes probabilities from ``lse``). See the contract."""
+    if runtime is not None and runtime.q_pos is not None:
+        return _pure_rows.attention_bwd(q, k, v, runtime, out, lse, dout, layout, scale, soft_cap)
     b, sq, h, d = q.shape
     skv, hk = k.shape[1], k.shape[2]
     g = h // hk
     qs, kf, vf = _prep(q, k, v, layout, scale)
+    kv_ids = _kv_ids(runtime, kf)
     dof = dout.astype(_F32).reshape(b, sq, hk, g, d)
     delta = jnp.einsum("bshd,bshd->bhs", dout.astype(_F32), out.astype(_F32)).reshape(b, hk, g, sq)
     lse = lse.astype(_F32).reshape(b, hk, g, sq)
@@ -519,7 +566,7 @@ def attention_bwd(q, k, v, out, lse, dout, layout: ACSR, scale: float):
     dk = jnp.zeros(kf.shape, _F32)
     dv = jnp.zeros(vf.shape, _F32)
     for p in _plan(layout):
-        dq_p, dk, dv = _piece_bwd(p, qs, kf, vf, dof, lse, delta, dk, dv)
+        dq_p, dk, dv = _piece_bwd(p, qs, kf, vf, dof, lse, delta, dk, dv, runtime, kv_ids, soft_cap)
         dq = dq + dq_p
     dq = (dq * scale).reshape(b, sq, h, d).astype(q.dtype)
     return dq, dk[:, :skv].astype(k.dtype), dv[:, :skv].astype(v.dtype)

@@ -206,4 +206,3 @@ def _auto_backend(layout: ACSR, head_dim, dtype) -> str:
     kv = jax.ShapeDtypeStruct((1, layout.kv_len, 1, head_dim), dt)
     name = jax_bindings.selected_backend("attention", q, kv, kv, layout, head_dim**-0.5)
     return f'auto picks "{name}" for the fused attention here (head dim {head_dim}, {dt.name})'
-

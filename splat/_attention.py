@@ -11,6 +11,7 @@ import numpy as np
 
 from acsr import ACSR
 from jax_bindings import _dispatch
+from splat import _runtime_args
 
 _DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 _DTYPE_NAMES = "float32, bfloat16 or float16"
@@ -83,7 +84,8 @@ def _layout(mask, q_len: int, kv_len: int) -> ACSR:
             "jnp.arange(S)[None, :], ...): decorate the model's attention with @splat.sparsify, which "
             "finds such masks at trace time. Otherwise pass a splat.masks constructor (masks.causal(), "
             "masks.sliding_window(...), ...), a numpy array, or a jax array computed outside jit. Masks "
-            "that depend on the data (padding lengths, packed documents) are not supported"
+            "that depend on the data go in the runtime arguments: segment_ids / kv_segment_ids (packed "
+            "documents, key padding), query_seq_lengths / key_value_seq_lengths (padding), q_offset (decode)"
         )
     if hasattr(mask, "shape") and hasattr(mask, "dtype") and not isinstance(mask, ACSR):
         if np.dtype(mask.dtype) != np.bool_:
@@ -132,13 +134,23 @@ def attention(
     mask=None,
     *,
     scale: float | None = None,
+    segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
+    query_seq_lengths: jax.Array | None = None,
+    key_value_seq_lengths: jax.Array | None = None,
+    q_offset: jax.Array | int | None = None,
+    logits_soft_cap: float | None = None,
     backend: str = "auto",
 ) -> jax.Array:
     """Sparse multi-head attention: ``softmax(scale * q k^T, masked) v``.
 
-    Works under ``jax.jit``, ``jax.vmap`` and ``jax.grad``; the mask must be
-    known at trace time. A query row whose mask row is empty outputs 0 (and
-    gets zero gradients).
+    Works under ``jax.jit``, ``jax.vmap`` and ``jax.grad``. The static ``mask``
+    must be known at trace time: its geometry is compiled into the kernels.
+    What changes with the data -- packed documents, padding, the position of
+    a decode step -- goes in the runtime arguments, traced arrays that may
+    differ per batch row and per call with one compile for any values; they
+    are AND-ed with ``mask``. A query row left with no key outputs 0 (and gets
+    zero gradients).
 
     Args:
       query: ``[B, Sq, H, D]``, float32, bfloat16 or float16.
@@ -149,6 +161,24 @@ def attention(
         ``[Sq, Skv]`` array, a function ``f(q_idx, kv_idx)``, or an
         :class:`acsr.ACSR` layout; ``True`` = attend.
       scale: positive multiplier of the scores; default ``1 / sqrt(D)``.
+      segment_ids: int ``[B, Sq]`` (int32 or narrower): query ``i`` sees key
+        ``j`` only where ``segment_ids[b, i] == kv_segment_ids[b, j]``
+        (packed documents). Any values are exact; non-decreasing ids are the
+        fast case (kernels skip tiles outside a row's document).
+      kv_segment_ids: int ``[B, Skv]``; default ``segment_ids`` (then
+        ``Sq == Skv``). A key padding mask ``valid [B, Skv]`` is
+        ``segment_ids=zeros([B, Sq]), kv_segment_ids=where(valid, 0, -1)``.
+      query_seq_lengths: int ``[B]``: query rows at or past the length are
+        padding and output 0. Clipped to ``[0, Sq]``.
+      key_value_seq_lengths: int ``[B]``: keys at or past the length are never
+        seen. Clipped to ``[0, Skv]``.
+      q_offset: int ``[B]`` or a scalar: query row ``i`` sits at position
+        ``q_offset + i`` of the key sequence for the static mask, which is then
+        taken at shape ``(Skv, Skv)`` (decode against a KV cache, chunked
+        prefill). Positions are clipped to ``[0, Skv - 1]``.
+      logits_soft_cap: a static positive number ``c``: scores
+        ``z = scale * q . k`` become ``c * tanh(z / c)`` before masking
+        (Gemma 2).
       backend: one of ``jax_bindings.BACKENDS``: ``"auto"`` (the fastest
         backend here that takes the call: cuDNN or Triton on a CUDA GPU, else
         pure JAX; ``jax_bindings.selected_backend`` says which), or a backend
@@ -167,7 +197,20 @@ def attention(
     """
     _dispatch.check_backend(backend)
     q, k, v, s = _check_qkv(query, key, value, scale)
-    return _attend(q, k, v, _layout(mask, q.shape[1], k.shape[1]), s, backend)
+    cap = _runtime_args.check_soft_cap(logits_soft_cap)
+    (b, sq), skv = q.shape[:2], k.shape[1]
+    runtime = _runtime_args.runtime_mask(
+        b,
+        sq,
+        skv,
+        segment_ids=segment_ids,
+        kv_segment_ids=kv_segment_ids,
+        query_seq_lengths=query_seq_lengths,
+        key_value_seq_lengths=key_value_seq_lengths,
+        q_offset=q_offset,
+    )
+    layout = _layout(mask, skv if q_offset is not None else sq, skv)
+    return _attend(q, k, v, layout, s, backend, runtime=runtime, soft_cap=cap)
 
 
 def _check_qkv(query, key, value, scale) -> tuple[jax.Array, jax.Array, jax.Array, float]:
@@ -184,13 +227,25 @@ def _check_qkv(query, key, value, scale) -> tuple[jax.Array, jax.Array, jax.Arra
     return jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), s
 
 
-def _attend(q: jax.Array, k: jax.Array, v: jax.Array, layout: ACSR, scale: float, backend: str) -> jax.Array:
+def _attend(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    layout: ACSR,
+    scale: float,
+    backend: str,
+    *,
+    runtime=None,
+    soft_cap: float | None = None,
+) -> jax.Array:
     """:func:`attention` past its checks (the internal entry point; it checks nothing).
 
     For callers that ran them once already: ``q, k, v, scale`` from :func:`_check_qkv`, ``layout``
-    of shape ``(Sq, Skv)`` from the analyzer, ``backend`` validated when the caller was built.
+    of shape ``(Sq, Skv)`` (``(Skv, Skv)`` with a ``q_offset``) from the analyzer, ``backend``
+    validated when the caller was built, ``runtime`` from :func:`splat._runtime_args.runtime_mask`,
+    ``soft_cap`` from :func:`splat._runtime_args.check_soft_cap`.
     """
-    return _dispatch.attention(q, k, v, layout, scale, backend)
+    return _dispatch.attention(q, k, v, layout, scale, backend, runtime=runtime, soft_cap=soft_cap)
 
 
 def sddmm(q: jax.Array, k: jax.Array, layout: ACSR, *, backend: str = "auto") -> jax.Array:

@@ -175,3 +175,36 @@ def refusal_skips(backend: str):
         if backend in TAKES_EVERY_CALL:
             raise
         pytest.skip(f"{backend} refuses this call: {e}")
+
+
+# -----------------------------------------------------------------------------
+# per-batch masks and soft-capped scores (runtime mask arguments)
+# -----------------------------------------------------------------------------
+
+
+def runtime_ref(q, k, v, mask_b, scale: float, dout, soft_cap: float | None = None):
+    """``(out, (dq, dk, dv))`` in float64 for a per-batch mask ``[B, Sq, Skv]`` and an optional soft cap.
+
+    Scores ``z = scale * q . k`` become ``soft_cap * tanh(z / soft_cap)``; empty rows give 0.
+    """
+    q64, k64, v64, do = _f64(q, k, v, dout)
+    h, hk = q64.shape[2], k64.shape[2]
+    ke, ve = _expand_kv(k64, h), _expand_kv(v64, h)
+    m = np.asarray(mask_b, bool)[:, None]  # [B, 1, Sq, Skv]
+    z = np.einsum("bqhd,bkhd->bhqk", q64, ke) * scale
+    t = np.tanh(z / soft_cap) if soft_cap is not None else None
+    s = np.where(m, soft_cap * t if t is not None else z, -np.inf)
+    mx = s.max(axis=-1, keepdims=True)
+    mx = np.where(np.isfinite(mx), mx, 0.0)
+    e = np.where(m, np.exp(s - mx), 0.0)
+    tot = e.sum(axis=-1, keepdims=True)
+    p = e / np.where(tot > 0, tot, 1.0)
+    out = np.einsum("bhqk,bkhd->bqhd", p, ve)
+    dv = np.einsum("bhqk,bqhd->bkhd", p, do)
+    dp = np.einsum("bqhd,bkhd->bhqk", do, ve)
+    ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True))
+    if t is not None:
+        ds = ds * (1.0 - t * t)
+    dq = np.einsum("bhqk,bkhd->bqhd", ds, ke) * scale
+    dk = np.einsum("bhqk,bqhd->bkhd", ds, q64) * scale
+    return out, (dq, _reduce_kv(dk, hk), _reduce_kv(dv, hk))

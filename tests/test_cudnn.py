@@ -22,7 +22,7 @@ from reference import assert_close, attention_dense_grads, attention_grads_ref, 
 
 import acsr
 import jax_bindings
-from jax_bindings import _cudnn, _registry, _tuning
+from jax_bindings import _cudnn, _registry, _runtime, _tuning
 from splat import _attention as api
 from splat import catalogue, masks
 
@@ -58,7 +58,7 @@ def _check(rng, mask, sq, skv, *, hk=2, dtype=jnp.float32, attention=None):
     layout = mask.to_acsr(sq, skv)
     q, k, v, do = _inputs(rng, sq, skv, hk=hk, dtype=dtype)
     scale = 0.3
-    attention = attention or (lambda q, k, v: _cudnn.attention(q, k, v, layout, scale))
+    attention = attention or (lambda q, k, v: _cudnn.attention(q, k, v, None, layout, scale))
     out, vjp = jax.vjp(jax.jit(attention), q, k, v)
     grads = vjp(do)
     same_out, same_grads = attention_dense_grads(q, k, v, layout, scale, do)
@@ -133,10 +133,10 @@ def test_catalogue_masks_taken_or_refused(xla, rng, name):
     q, k, v, _ = _inputs(rng, 130, 130)
     if name in TAKEN:
         assert _cudnn.recognise(layout).family == name
-        assert _cudnn.attention(q, k, v, layout, 0.3).shape == q.shape
+        assert _cudnn.attention(q, k, v, None, layout, 0.3).shape == q.shape
     else:
         with pytest.raises(NotImplementedError, match=REFUSAL + ": ."):
-            _cudnn.attention(q, k, v, layout, 0.3)
+            _cudnn.attention(q, k, v, None, layout, 0.3)
 
 
 def _growing_window(s: int) -> np.ndarray:
@@ -168,25 +168,25 @@ def test_dtype_head_dim_and_platform_refusals(monkeypatch, rng):
     monkeypatch.setattr(_cudnn, "IMPLEMENTATION", "xla")
     q, k, v, _ = _inputs(rng, 16, 16, dtype=jnp.float32)
     with pytest.raises(NotImplementedError, match="bfloat16 and float16 inputs only, got float32"):
-        _cudnn.attention(q, k, v, layout, 0.3)
+        _cudnn.attention(q, k, v, None, layout, 0.3)
     for d in (12, 264):
         x = jnp.zeros((1, 16, 1, d), jnp.bfloat16)
         with pytest.raises(NotImplementedError, match=f"multiples of 8 up to 256, got {d}"):
-            _cudnn.attention(x, x, x, layout, 0.3)
+            _cudnn.attention(x, x, x, None, layout, 0.3)
     monkeypatch.setattr(_cudnn, "IMPLEMENTATION", "cudnn")
     if jax.default_backend() != "gpu":
         x = jnp.zeros((1, 16, 1, 16), jnp.bfloat16)
         with pytest.raises(NotImplementedError, match="cudnn needs a CUDA GPU"):
-            _cudnn.attention(x, x, x, layout, 0.3)
+            _cudnn.attention(x, x, x, None, layout, 0.3)
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     monkeypatch.setattr(_cudnn, "_compute_capability", lambda: (7, 5))
     x = jnp.zeros((1, 16, 1, 16), jnp.bfloat16)
     with pytest.raises(NotImplementedError, match="compute capability 8.0 or newer, this GPU has 7.5"):
-        _cudnn.attention(x, x, x, layout, 0.3)
+        _cudnn.attention(x, x, x, None, layout, 0.3)
     monkeypatch.setattr(_cudnn, "_compute_capability", lambda: (8, 0))
     x = jnp.zeros((1, 16, 1, 192), jnp.bfloat16)
     with pytest.raises(NotImplementedError, match="up to 128, got 192"):
-        _cudnn.attention(x, x, x, layout, 0.3)
+        _cudnn.attention(x, x, x, None, layout, 0.3)
 
 
 @pytest.mark.parametrize("op", _registry.CONTRACT_OPS)
@@ -248,11 +248,28 @@ def test_auto_picks_cudnn_on_sm90_for_the_masks_it_takes(fake_gpu, monkeypatch, 
     causal = masks.causal().to_acsr(64)
     assert jax_bindings.selected_backend("attention_with_lse", x, x, x, causal, 0.1) == "jax"
     # the auto call itself: cudnn runs it (forward and gradients), no fallback warning
-    _check(rng, masks.causal(), 64, 64, dtype=jnp.bfloat16,
-           attention=lambda q, k, v: api.attention(q, k, v, masks.causal(), scale=0.3))
+    _check(
+        rng,
+        masks.causal(),
+        64,
+        64,
+        dtype=jnp.bfloat16,
+        attention=lambda q, k, v: api.attention(q, k, v, masks.causal(), scale=0.3),
+    )
     # on compute capability 8.x without tuning data: registry order (triton, cudnn); triton cannot load
     # here, so cudnn still runs, but it is not ranked first
     monkeypatch.setattr(_tuning, "_compute_capability", lambda: "8.0")
     layout = masks.causal().to_acsr(64)
     assert _registry.auto_order("attention", layout, 64, jnp.bfloat16) == ("cudnn", "jax")
     assert _tuning.rank_backends("causal", 64, 64, "bfloat16", ["triton", "cudnn"]) == ["triton", "cudnn"]
+
+
+def test_runtime_masks_and_soft_caps_are_refused(monkeypatch):
+    monkeypatch.setattr(_cudnn, "IMPLEMENTATION", "xla")
+    x = jnp.zeros((1, 16, 2, 16), jnp.bfloat16)
+    layout = masks.causal().to_acsr(16)
+    rt = _runtime.build(1, 16, 16, query_seq_lengths=jnp.array([3]))
+    with pytest.raises(NotImplementedError, match="no runtime mask"):
+        _cudnn.attention(x, x, x, rt, layout, 0.3)
+    with pytest.raises(NotImplementedError, match="no logits soft cap"):
+        _cudnn.attention(x, x, x, None, layout, 0.3, 30.0)

@@ -155,7 +155,13 @@ def test_short_last_stride_group_leader_is_clamped():
     # causal: leader is the group's last query; a short last group's is the axis's last query
     dense = masks.neighborhood(7, 3, stride=3, is_causal=True).to_acsr().to_dense()
     assert [np.flatnonzero(dense[q]).tolist() for q in range(7)] == [
-        [0], [0, 1], [0, 1, 2], [3], [3, 4], [3, 4, 5], [4, 5, 6]
+        [0],
+        [0, 1],
+        [0, 1, 2],
+        [3],
+        [3, 4],
+        [3, 4, 5],
+        [4, 5, 6],
     ]
 
 

@@ -46,11 +46,11 @@ def _toy_module(name: str, calls: list) -> types.ModuleType:
     for op in _registry.CONTRACT_OPS:
         setattr(mod, op, refuse)
 
-    def attention_fwd(q, k, v, layout, scale):
-        if not _is_full(layout):
+    def attention_fwd(q, k, v, runtime, layout, scale, soft_cap):
+        if not _is_full(layout) or runtime is not None or soft_cap is not None:
             raise NotImplementedError(TOY_REASON)
         calls.append(layout.shape)
-        return _pure.attention_fwd(q, k, v, layout, scale)
+        return _pure.attention_fwd(q, k, v, runtime, layout, scale, soft_cap)
 
     mod.attention_fwd = attention_fwd
     return mod

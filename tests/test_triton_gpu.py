@@ -56,12 +56,13 @@ def test_fused_gpu(name, S, H, Hkv, D, dtype):
     mask = layout.to_dense()
     (q, k, v, do), (hq, hk, hv, hdo) = _arrays(np.random.default_rng(S + D), layout, 2, H, Hkv, D, dtype)
     scale = D**-0.5
-    out, lse = jax.jit(lambda a, b, c: jt.attention_fwd(a, b, c, layout, scale))(q, k, v)
+    out, lse = jax.jit(lambda a, b, c: jt.attention_fwd(a, b, c, None, layout, scale))(q, k, v)
     r_out, r_lse, _ = _ref_fwd(hq, hk, hv, mask, scale)
     assert _err(out, r_out) < TOL[dtype]
     lse = np.asarray(lse)
     assert np.all(np.isneginf(lse[:, :, ~mask.any(1)]))
-    grads = jax.jit(lambda *a: jt.attention_bwd(*a, layout, scale))(q, k, v, out, jnp.asarray(lse), do)
+    bwd = jax.jit(lambda q, k, v, o, lse, d: jt.attention_bwd(q, k, v, None, o, lse, d, layout, scale))
+    grads = bwd(q, k, v, out, jnp.asarray(lse), do)
     for g, want in zip(grads, _ref_bwd(hq, hk, hv, mask, scale, hdo), strict=True):
         assert _err(g, want) < 4 * TOL[dtype]
 
@@ -140,7 +141,7 @@ def test_kernels_carry_their_cubin_in_a_new_process(tmp_path):
         "m = np.abs(np.arange(300)[:, None] - np.arange(300)[None, :]) <= 40\n"
         "layout = acsr.from_dense(m)\n"
         "q = jnp.asarray(np.random.default_rng(0).standard_normal((1, 300, 2, 64)), jnp.bfloat16)\n"
-        "out, _ = jax.jit(lambda a: jt.attention_fwd(a, a, a, layout, 0.125))(q)\n"
+        "out, _ = jax.jit(lambda a: jt.attention_fwd(a, a, a, None, layout, 0.125))(q)\n"
         "s = _cache.stats()\n"
         "print(json.dumps({'installed': jt.MODULE_IMAGES_INSTALLED, 'images': s['images'],"
         " 'hits': s['image_hits'], 'sum': float(jnp.sum(out.astype(jnp.float32)))}))\n"

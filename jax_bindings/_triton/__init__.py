@@ -19,4 +19,3 @@ kernels through Triton's interpreter); the registry (:mod:`jax_bindings._registr
 names ``jax_bindings._triton.backend``, whose import raises ``ImportError`` where
 the backend cannot run.
 """
-

@@ -247,15 +247,22 @@ def _transpose_values(vals: jax.Array, layout: ACSR) -> jax.Array:
 # -- fused attention -------------------------------------------------------------
 
 
-def attention_fwd(q, k, v, layout: ACSR, scale: float):
+def _refuse_runtime(runtime, soft_cap) -> None:
+    if runtime is not None or soft_cap is not None:
+        raise NotImplementedError("the triton kernels take no runtime mask or soft cap yet")
+
+
+def attention_fwd(q, k, v, runtime, layout: ACSR, scale: float, soft_cap=None):
     """``(out [B, Sq, H, D], lse [B, H, Sq] float32)`` from the fused forward kernel."""
+    _refuse_runtime(runtime, soft_cap)
     call = ops.fwd_call(layout, q.shape, k.shape, _dtype(q), scale)
     out, lse = run_call(call, q, k, v.astype(q.dtype))
     return out, lse
 
 
-def attention_bwd(q, k, v, out, lse, dout, layout: ACSR, scale: float):
+def attention_bwd(q, k, v, runtime, out, lse, dout, layout: ACSR, scale: float, soft_cap=None):
     """``(dq, dk, dv)`` from the fused backward kernels (dq over ``layout``, dk/dv over its transpose)."""
+    _refuse_runtime(runtime, soft_cap)
     dt = q.dtype
     kd, vd = k.dtype, v.dtype
     cq, ck = ops.bwd_calls(layout, q.shape, k.shape, _dtype(q), scale)

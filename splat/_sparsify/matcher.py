@@ -384,4 +384,3 @@ def _make_mask(sl: Slices, terms, t, kv, q_len: int, kv_len: int) -> masks.Mask:
 
     _MASK_CACHE[key] = mask = masks.from_fn(predicate)
     return mask
-

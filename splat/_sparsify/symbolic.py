@@ -462,4 +462,3 @@ def recognise(sl: Slices, parts, q_len: int, kv_len: int) -> masks.Mask | None:
         return rec.to_mask(f)
     except _Opaque:
         return None
-

@@ -1,0 +1,273 @@
+"""Pure-JAX attention whose queries take the static layout's rows at run time (``q_offset``).
+
+With a :class:`~jax_bindings._runtime.RuntimeMask` carrying ``q_pos``, query
+``i`` of batch row ``b`` uses row ``q_pos[b, i]`` of the static layout (decode
+against a KV cache, chunked prefill). The row is only known on device, so the
+plans of :mod:`jax_bindings._pure` (built per row block at trace time) do not
+apply; here each row's membership is evaluated from the layout's arrays,
+gathered at its position:
+
+* a segment's row ``p`` holds columns ``base[p] + stride[p] * t``, ``t < count[p]``;
+* the residual's row ``p`` holds the set bits of its row block's key blocks.
+
+Each block of ``_BLOCK_Q`` queries walks the keys between its rows' smallest
+first column and largest last one (after the runtime ranges), ``_CHUNK`` keys
+at a time, with an online softmax; the backward pass recomputes the
+probabilities from the logsumexp. Work is ``O(rows x span)``, not
+``O(nnz)``: exact for every layout, fast where rows are intervals (causal,
+windows), which is what decode needs. Batch rows run under ``vmap``.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from acsr import ACSR
+
+_F32 = jnp.float32
+_NEG_INF = float("-inf")
+_BIG = np.iinfo(np.int32).max
+_BLOCK_Q = 64
+_CHUNK = 128
+
+
+def capped(s, soft_cap):
+    """``(soft_cap * tanh(s / soft_cap), tanh(s / soft_cap))``, or ``(s, None)`` without a cap."""
+    if soft_cap is None:
+        return s, None
+    t = jnp.tanh(s / soft_cap)
+    return soft_cap * t, t
+
+
+@dataclass(frozen=True, eq=False)
+class _Rows:
+    """The layout as per-row numpy arrays (indexed by layout row ``p``).
+
+    ``segs``: ``(base, stride, count)`` int32 ``[P]`` per segment; ``lo``/``hi``:
+    int32 ``[P]``, the row's first column and one past its last (``lo == hi``:
+    empty); ``res``: ``(kv_blocks [nqb, maxb], bits [nqb, maxb, block_q, block_kv],
+    block_q, block_kv)`` or None.
+    """
+
+    segs: tuple
+    lo: np.ndarray
+    hi: np.ndarray
+    res: tuple | None
+
+
+@functools.lru_cache(maxsize=32)
+def _rows(layout: ACSR) -> _Rows:
+    p = layout.q_len
+    lo = np.full(p, _BIG, np.int64)
+    hi = np.zeros(p, np.int64)
+    segs = []
+    for seg in layout.segments:
+        base, stride, count = (a.astype(np.int64) for a in (seg.base, seg.stride, seg.count))
+        has = count > 0
+        lo = np.where(has, np.minimum(lo, base), lo)
+        hi = np.where(has, np.maximum(hi, base + stride * (count - 1) + 1), hi)
+        segs.append(tuple(a.astype(np.int32) for a in (base, stride, count)))
+    res = None
+    r = layout.residual
+    if r is not None and r.max_blocks > 0:
+        kvb = r.kv_blocks.astype(np.int64)
+        ok = kvb >= 0
+        blk_lo = np.where(ok, kvb * r.block_kv, _BIG).min(axis=1)
+        blk_hi = np.where(ok, np.minimum((kvb + 1) * r.block_kv, layout.kv_len), 0).max(axis=1)
+        rb = np.arange(p) // r.block_q
+        lo, hi = np.minimum(lo, blk_lo[rb]), np.maximum(hi, blk_hi[rb])
+        res = (r.kv_blocks.astype(np.int32), r.bits.astype(bool), r.block_q, r.block_kv)
+    empty = hi <= lo
+    lo, hi = np.where(empty, 0, lo), np.where(empty, 0, hi)
+    return _Rows(tuple(segs), lo.astype(np.int32), hi.astype(np.int32), res)
+
+
+def _member(rows: _Rows, pos, cols):
+    """``[BQ, C]``: whether layout row ``pos[r]`` holds column ``cols[c]``."""
+    c = cols[None, :]
+    keep = jnp.zeros((pos.shape[0], cols.shape[0]), bool)
+    for base, stride, count in rows.segs:
+        b, st, n = (jnp.asarray(a)[pos][:, None] for a in (base, stride, count))
+        rel = c - b
+        keep |= (rel >= 0) & (rel % st == 0) & (rel // st < n)
+    if rows.res is not None:
+        kv_blocks, bits, block_q, block_kv = rows.res
+        rb, a = pos // block_q, pos % block_q
+        kvb = jnp.asarray(kv_blocks)[rb]  # [BQ, maxb]
+        row_bits = jnp.asarray(bits)[rb, :, a, :]  # [BQ, maxb, block_kv]
+        hit = kvb[:, None, :] == (cols // block_kv)[None, :, None]  # [BQ, C, maxb]
+        bit = jnp.take_along_axis(row_bits, jnp.broadcast_to(cols % block_kv, (*kvb.shape, cols.shape[0])), 2)
+        keep |= (hit & jnp.swapaxes(bit, 1, 2)).any(axis=-1)
+    return keep
+
+
+def _blocked(x, bq, fill):
+    """``[S, ...] -> [nb, bq, ...]``, rows padded with ``fill``."""
+    nb = -(-x.shape[0] // bq)
+    pad = [(0, nb * bq - x.shape[0])] + [(0, 0)] * (x.ndim - 1)
+    return jnp.pad(x, pad, constant_values=fill).reshape(nb, bq, *x.shape[1:])
+
+
+def _block_args(rows: _Rows, pos, lo, hi, ids, bq):
+    """Row blocks of ``(pos, lo, hi, ids)``: ``lo``/``hi`` narrowed to the layout rows' spans."""
+    lo = jnp.maximum(lo, jnp.asarray(rows.lo)[pos])
+    hi = jnp.minimum(hi, jnp.asarray(rows.hi)[pos])
+    out = (_blocked(pos, bq, 0), _blocked(lo, bq, 0), _blocked(hi, bq, 0))
+    return (*out, None if ids is None else _blocked(ids, bq, 0))
+
+
+def _walk(lo, hi):
+    """First key and chunk count of a row block whose rows see ``[lo, hi)``."""
+    has = hi > lo
+    first = jnp.min(jnp.where(has, lo, _BIG))
+    last = jnp.max(jnp.where(has, hi, 0))
+    return first, (jnp.maximum(last - first, 0) + _CHUNK - 1) // _CHUNK
+
+
+def _chunk(rows, kf, vf, kid, blk, first, c):
+    pos, lo, hi, ids = blk
+    start = first + c * _CHUNK
+    cols = start + jnp.arange(_CHUNK, dtype=jnp.int32)
+    keep = _member(rows, pos, cols) & (cols[None, :] >= lo[:, None]) & (cols[None, :] < hi[:, None])
+    if ids is not None:
+        keep &= ids[:, None] == jnp.take(kid, cols, mode="clip")[None, :]
+    kc = lax.dynamic_slice_in_dim(kf, start, _CHUNK, axis=0)
+    vc = lax.dynamic_slice_in_dim(vf, start, _CHUNK, axis=0)
+    return start, kc, vc, keep
+
+
+def _fwd_one(rows, qs, kf, vf, pos, lo, hi, ids, kid, soft_cap):
+    """One batch row: ``qs [Sq, Hk, G, D]`` (scaled), ``kf, vf [Skv + _CHUNK, Hk, D]`` (padded)."""
+    sq, hk, g, d = qs.shape
+    bq = min(_BLOCK_Q, -(-sq // 8) * 8)
+
+    def step(args):
+        q_blk, blk = args[0], args[1:]
+        first, n = _walk(blk[1], blk[2])
+
+        def body(c, state):
+            m, denom, acc = state
+            _, kc, vc, keep = _chunk(rows, kf, vf, kid, blk, first, c)
+            s = capped(jnp.einsum("qhgd,khd->hgqk", q_blk, kc), soft_cap)[0]
+            s = jnp.where(keep, s, _NEG_INF)
+            m_new = jnp.maximum(m, s.max(axis=-1))
+            m_safe = jnp.where(m_new == _NEG_INF, 0.0, m_new)
+            p = jnp.exp(s - m_safe[..., None])
+            alpha = jnp.exp(m - m_safe)
+            return (
+                m_new,
+                alpha * denom + p.sum(-1),
+                acc * alpha[..., None] + jnp.einsum("hgqk,khd->hgqd", p, vc),
+            )
+
+        shape = (hk, g, bq)
+        init = (jnp.full(shape, _NEG_INF, _F32), jnp.zeros(shape, _F32), jnp.zeros((*shape, d), _F32))
+        m, denom, acc = lax.fori_loop(0, n, body, init)
+        has = denom > 0
+        out = acc / jnp.where(has, denom, 1.0)[..., None]
+        lse = jnp.where(has, jnp.where(m == _NEG_INF, 0.0, m) + jnp.log(jnp.where(has, denom, 1.0)), _NEG_INF)
+        return jnp.moveaxis(out, 2, 0), jnp.moveaxis(lse, 2, 0)  # [bq, Hk, G, D], [bq, Hk, G]
+
+    out, lse = lax.map(step, (_blocked(qs, bq, 0.0), *_block_args(rows, pos, lo, hi, ids, bq)))
+    return out.reshape(-1, hk, g, d)[:sq], lse.reshape(-1, hk, g)[:sq]
+
+
+def _bwd_one(rows, qs, kf, vf, dof, lse, delta, pos, lo, hi, ids, kid, soft_cap):
+    """One batch row's ``(dq_s, dk, dv)`` (dq w.r.t. the scaled q; dk, dv padded like kf)."""
+    sq, hk, g, d = qs.shape
+    bq = min(_BLOCK_Q, -(-sq // 8) * 8)
+    xs = (
+        _blocked(qs, bq, 0.0),
+        _blocked(dof, bq, 0.0),
+        _blocked(lse, bq, 0.0),
+        _blocked(delta, bq, 0.0),
+        *_block_args(rows, pos, lo, hi, ids, bq),
+    )
+
+    def step(carry, args):
+        q_blk, do_blk, lse_blk, delta_blk, blk = args[0], args[1], args[2], args[3], args[4:]
+        first, n = _walk(blk[1], blk[2])
+        lse_t = jnp.moveaxis(lse_blk, 0, 2)[..., None]  # [Hk, G, bq, 1]
+        delta_t = jnp.moveaxis(delta_blk, 0, 2)[..., None]
+
+        def body(c, state):
+            dq, dk, dv = state
+            start, kc, vc, keep = _chunk(rows, kf, vf, kid, blk, first, c)
+            s, t = capped(jnp.einsum("qhgd,khd->hgqk", q_blk, kc), soft_cap)
+            p = jnp.where(keep, jnp.exp(jnp.minimum(s - lse_t, 0.0)), 0.0)
+            dp = jnp.einsum("qhgd,khd->hgqk", do_blk, vc)
+            ds = jnp.where(keep, p * (dp - delta_t), 0.0)
+            if t is not None:
+                ds = ds * (1.0 - t * t)
+            dq = dq + jnp.einsum("hgqk,khd->qhgd", ds, kc)
+
+            def add(acc, x):
+                cur = lax.dynamic_slice_in_dim(acc, start, _CHUNK, axis=0)
+                return lax.dynamic_update_slice_in_dim(acc, cur + x, start, axis=0)
+
+            dk = add(dk, jnp.einsum("hgqk,qhgd->khd", ds, q_blk))
+            dv = add(dv, jnp.einsum("hgqk,qhgd->khd", p, do_blk))
+            return dq, dk, dv
+
+        dq, dk, dv = lax.fori_loop(0, n, body, (jnp.zeros(q_blk.shape, _F32), *carry))
+        return (dk, dv), dq
+
+    zeros = jnp.zeros(kf.shape, _F32)
+    (dk, dv), dq = lax.scan(step, (zeros, zeros), xs)
+    return dq.reshape(-1, hk, g, d)[:sq], dk, dv
+
+
+def _prep(q, k, v, scale):
+    b, sq, h, d = q.shape
+    hk = k.shape[2]
+    pad = ((0, 0), (0, _CHUNK), (0, 0), (0, 0))  # a chunk may start at any key below kv_len
+    qs = (q.astype(_F32) * scale).reshape(b, sq, hk, h // hk, d)
+    return qs, jnp.pad(k.astype(_F32), pad), jnp.pad(v.astype(_F32), pad)
+
+
+def _kid(rt, b, skv):
+    if rt.kv_ids is None:
+        return jnp.zeros((b, 0), jnp.int32), None
+    return jnp.pad(rt.kv_ids, ((0, 0), (0, _CHUNK))), rt.q_ids
+
+
+def attention_fwd(q, k, v, rt, layout: ACSR, scale: float, soft_cap=None):
+    """``(out, lse)`` as the backend contract says, rows at ``rt.q_pos``."""
+    b, sq, h, d = q.shape
+    rows = _rows(layout)
+    qs, kf, vf = _prep(q, k, v, scale)
+    kid, ids = _kid(rt, b, k.shape[1])
+    one = functools.partial(_fwd_one, rows, soft_cap=soft_cap)
+    if ids is None:
+        out, lse = jax.vmap(lambda *a: one(*a[:6], None, None))(qs, kf, vf, rt.q_pos, rt.q_lo, rt.q_hi)
+    else:
+        out, lse = jax.vmap(one)(qs, kf, vf, rt.q_pos, rt.q_lo, rt.q_hi, ids, kid)
+    lse = jnp.moveaxis(lse.reshape(b, sq, h), 1, 2)
+    return out.reshape(b, sq, h, d).astype(q.dtype), lse
+
+
+def attention_bwd(q, k, v, rt, out, lse, dout, layout: ACSR, scale: float, soft_cap=None):
+    """``(dq, dk, dv)`` as the backend contract says, rows at ``rt.q_pos``."""
+    b, sq, h, d = q.shape
+    skv, hk = k.shape[1], k.shape[2]
+    rows = _rows(layout)
+    qs, kf, vf = _prep(q, k, v, scale)
+    dof = dout.astype(_F32).reshape(qs.shape)
+    delta = jnp.einsum("bshd,bshd->bsh", dout.astype(_F32), out.astype(_F32)).reshape(b, sq, hk, h // hk)
+    lse = jnp.moveaxis(lse.astype(_F32), 1, 2).reshape(b, sq, hk, h // hk)
+    lse = jnp.where(lse == _NEG_INF, 0.0, lse)  # empty rows: every probability is masked anyway
+    kid, ids = _kid(rt, b, skv)
+    one = functools.partial(_bwd_one, rows, soft_cap=soft_cap)
+    args = (qs, kf, vf, dof, lse, delta, rt.q_pos, rt.q_lo, rt.q_hi)
+    if ids is None:
+        dq, dk, dv = jax.vmap(lambda *a: one(*a, None, None))(*args)
+    else:
+        dq, dk, dv = jax.vmap(one)(*args, ids, kid)
+    dq = (dq * scale).reshape(b, sq, h, d).astype(q.dtype)
+    return dq, dk[:, :skv].astype(k.dtype), dv[:, :skv].astype(v.dtype)

@@ -1,0 +1,100 @@
+"""Checks of :func:`splat.attention`'s runtime mask arguments, and the mask they build.
+
+Values cannot be checked under ``jit``; shapes and dtypes can, and are, with
+errors that name the argument. Values are clipped as :mod:`jax_bindings._runtime`
+says (lengths to ``[0, S]``, positions to the static mask's rows).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_bindings import _runtime
+
+# ids are compared as int32 in the kernels: wider ids could alias, so they are refused
+_ID_DTYPES = ("int8", "int16", "int32", "uint8", "uint16")
+
+
+def _int_array(name: str, x, shape: tuple[int, ...], form: str, *, ids: bool = False):
+    if isinstance(x, bool) or isinstance(x, numbers.Integral):
+        x = np.asarray(x)
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise TypeError(f"{name} must be an integer array {form}, got {type(x).__name__}")
+    dt = np.dtype(x.dtype)
+    if dt.kind not in "iu":
+        raise TypeError(f"{name} must have an integer dtype, got {dt}")
+    if ids and dt.name not in _ID_DTYPES:
+        raise TypeError(
+            f"{name} must be int32 or narrower (ids are compared as int32), got {dt}; cast it with "
+            ".astype(jnp.int32) if its values fit"
+        )
+    if tuple(x.shape) != shape:
+        raise ValueError(f"{name} must have shape {form} = {shape}, got {tuple(x.shape)}")
+    return jnp.asarray(x)
+
+
+def check_soft_cap(cap) -> float | None:
+    """``logits_soft_cap``: None or a static positive finite number."""
+    if cap is None:
+        return None
+    if isinstance(cap, jax.core.Tracer):
+        raise TypeError("logits_soft_cap must be a static Python number, not a traced value")
+    if isinstance(cap, bool) or not isinstance(cap, numbers.Real | np.ndarray | jax.Array):
+        raise TypeError(f"logits_soft_cap must be a positive finite number, got {type(cap).__name__}")
+    try:
+        c = float(cap)
+    except TypeError as e:
+        raise TypeError(f"logits_soft_cap must be a positive finite number, got {cap!r}") from e
+    if not (math.isfinite(c) and c > 0):
+        raise ValueError(f"logits_soft_cap must be a positive finite number, got {c}")
+    return c
+
+
+def runtime_mask(
+    batch: int,
+    q_len: int,
+    kv_len: int,
+    *,
+    segment_ids=None,
+    kv_segment_ids=None,
+    query_seq_lengths=None,
+    key_value_seq_lengths=None,
+    q_offset=None,
+) -> _runtime.RuntimeMask | None:
+    """Checks the runtime mask arguments (shapes, dtypes) and builds their :class:`RuntimeMask`."""
+    seg = kv_seg = qlen = kvlen = off = None
+    if kv_segment_ids is not None and segment_ids is None:
+        raise ValueError("kv_segment_ids needs segment_ids (the queries' ids)")
+    if segment_ids is not None:
+        seg = _int_array("segment_ids", segment_ids, (batch, q_len), "[B, Sq]", ids=True)
+        if kv_segment_ids is None and q_len != kv_len:
+            raise ValueError(
+                f"segment_ids covers {q_len} queries but there are {kv_len} keys: pass kv_segment_ids "
+                "[B, Skv] for the keys"
+            )
+        if kv_segment_ids is not None:
+            kv_seg = _int_array("kv_segment_ids", kv_segment_ids, (batch, kv_len), "[B, Skv]", ids=True)
+    if query_seq_lengths is not None:
+        qlen = _int_array("query_seq_lengths", query_seq_lengths, (batch,), "[B]")
+    if key_value_seq_lengths is not None:
+        kvlen = _int_array("key_value_seq_lengths", key_value_seq_lengths, (batch,), "[B]")
+    if q_offset is not None:
+        shape = getattr(q_offset, "shape", ())
+        want = tuple(shape) if tuple(shape) in ((), (batch,)) else (batch,)
+        off = _int_array("q_offset", q_offset, want, "[B] (or a scalar)")
+    return _runtime.build(
+        batch,
+        q_len,
+        kv_len,
+        segment_ids=seg,
+        kv_segment_ids=kv_seg,
+        query_seq_lengths=qlen,
+        key_value_seq_lengths=kvlen,
+        q_offset=off,
+        layout_rows=kv_len,
+    )
