@@ -203,6 +203,10 @@ def test_config_validation():
 # -- gpt_jax: packed documents and decode with a KV cache -----------------------------------------------
 
 
+# float32 logits of two computations that differ in kernels or shapes (GPUs run float32 matmuls in TF32)
+_TOL = 1e-5 if jax.default_backend() == "cpu" else 3e-3
+
+
 def test_document_ids():
     tokens = jnp.asarray([[0, 5, 6, 0, 7, 8, 9, 0], [5, 5, 5, 5, 5, 0, 0, 6]])
     seg, pos = gpt_jax.document_ids(tokens, eod=0)
@@ -218,7 +222,7 @@ def test_packed_documents_are_independent(rng):
     fwd = jax.jit(gpt_jax.forward, static_argnums=(2, 3), static_argnames="eod")
     got = np.asarray(fwd(params, jnp.asarray(tokens), cfg, "splat", eod=0))
     np.testing.assert_allclose(
-        np.asarray(fwd(params, jnp.asarray(tokens), cfg, "xla", eod=0)), got, rtol=1e-5, atol=1e-5
+        np.asarray(fwd(params, jnp.asarray(tokens), cfg, "xla", eod=0)), got, rtol=_TOL, atol=_TOL
     )  # the dense twin with a [B, 1, S, S] document mask
     seg = np.asarray(gpt_jax.document_ids(jnp.asarray(tokens), 0)[0])
     docs = [(b, seg[b] == d) for b in range(2) for d in range(seg[b].max() + 1)]
@@ -229,7 +233,7 @@ def test_packed_documents_are_independent(rng):
         alone[r, : cols.sum()] = tokens[b, cols]
     alone_logits = np.asarray(fwd(params, jnp.asarray(alone), cfg, "splat"))
     for r, (b, cols) in enumerate(docs):
-        np.testing.assert_allclose(alone_logits[r, : cols.sum()], got[b, cols], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(alone_logits[r, : cols.sum()], got[b, cols], rtol=_TOL, atol=_TOL)
     unpacked = np.asarray(fwd(params, jnp.asarray(tokens), cfg, "splat"))  # without eod: it differs
     assert np.abs(unpacked - got).max() > 1e-2
 
@@ -261,7 +265,7 @@ def test_decode_with_kv_cache_matches_full_logits(rng):
     for i in range(5, 24):
         logits, cache = run(params, cache, tokens[:, i : i + 1], cfg)
         got.append(logits)
-    np.testing.assert_allclose(np.concatenate(got, axis=1), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.concatenate(got, axis=1), want, rtol=_TOL, atol=_TOL)
     assert cache["pos"].tolist() == [24, 24]
 
     out = gpt_jax.generate(params, tokens[:, :5], cfg, steps=19)  # the same shapes: no new compile
