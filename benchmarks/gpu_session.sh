@@ -15,6 +15,9 @@
 #                -> $OUT/tune-exhaustive.json (the store it writes goes to /tmp, not the package)
 #   auto:L1,L2   splat bench --backend auto vs cudnn / FA3 / FlexAttention on the baselines and windows
 #   spike        benchmarks/spike_hopper_fwd.py --quick -> $OUT/spike.json
+#   rtests       the gpu-marked runtime-mask tests alone (segment ids, lengths, offsets, soft cap)
+#   runtime      splat bench-runtime (documents, Gemma 2 local layer) vs FlexAttention / FA3
+#                -> $OUT/bench-runtime.json and .png
 # Usage there (after the wheel install prefix): bash benchmarks/gpu_session.sh tests sanitize
 set -u
 OUT=${OUT:-/tmp/splat-out}
@@ -26,6 +29,14 @@ for stage in "$@"; do
   case $stage in
     softmax)
       timeout 200 python3 -m pytest -q -m gpu tests/test_ops.py -k softmax -p no:cacheprovider 2>&1 | tail -3 ;;
+    rtests)
+      timeout 300 python3 -m pytest -q -m gpu tests/test_runtime_mask.py -p no:cacheprovider -rs -x \
+        >"$OUT/gpu_rtests.log" 2>&1
+      echo "pytest rc=$?"; grep -E "Error|error|FAIL" "$OUT/gpu_rtests.log" | head -20; tail -4 "$OUT/gpu_rtests.log" ;;
+    runtime)
+      timeout 420 python3 -m splat bench-runtime --out "$OUT/bench-runtime.json" --plot "$OUT/bench-runtime.png" \
+        ${RUNTIME_ARGS:-} >"$OUT/bench-runtime.log" 2>&1
+      echo "runtime bench rc=$?"; tail -40 "$OUT/bench-runtime.log" ;;
     tests)
       # the flax tests are CPU-only (no gpu marker); flax 0.12 does not import with jax 0.11
       timeout 380 python3 -m pytest -q -m gpu tests -p no:cacheprovider -rs --ignore=tests/test_flax.py \

@@ -247,28 +247,45 @@ def _transpose_values(vals: jax.Array, layout: ACSR) -> jax.Array:
 # -- fused attention -------------------------------------------------------------
 
 
-def _refuse_runtime(runtime, soft_cap) -> None:
-    if runtime is not None or soft_cap is not None:
-        raise NotImplementedError("the triton kernels take no runtime mask or soft cap yet")
+def _runtime(runtime) -> str:
+    """The kernels' runtime-mask kind for ``runtime``; refuses what they cannot take."""
+    if runtime is None:
+        return ""
+    if runtime.q_pos is not None:
+        raise NotImplementedError(
+            "the triton kernels take no q_offset (the static rows they walk are fixed at compile time)"
+        )
+    return "ids" if runtime.q_ids is not None else "ranges"
+
+
+def _rt_operands(runtime, *, keys: bool) -> tuple:
+    """The runtime mask's operands for the query-row kernels, or (``keys``) the dk/dv kernel."""
+    if runtime is None:
+        return ()
+    r = runtime
+    lo, hi = (r.kv_lo, r.kv_hi) if keys else (r.q_lo, r.q_hi)
+    ids = () if r.q_ids is None else ((r.kv_ids, r.q_ids) if keys else (r.q_ids, r.kv_ids))
+    return (lo, hi, r.exact, *ids)
 
 
 def attention_fwd(q, k, v, runtime, layout: ACSR, scale: float, soft_cap=None):
     """``(out [B, Sq, H, D], lse [B, H, Sq] float32)`` from the fused forward kernel."""
-    _refuse_runtime(runtime, soft_cap)
-    call = ops.fwd_call(layout, q.shape, k.shape, _dtype(q), scale)
-    out, lse = run_call(call, q, k, v.astype(q.dtype))
+    rt = _runtime(runtime)
+    call = ops.fwd_call(layout, q.shape, k.shape, _dtype(q), scale, runtime=rt, soft_cap=soft_cap)
+    out, lse = run_call(call, q, k, v.astype(q.dtype), *_rt_operands(runtime, keys=False))
     return out, lse
 
 
 def attention_bwd(q, k, v, runtime, out, lse, dout, layout: ACSR, scale: float, soft_cap=None):
     """``(dq, dk, dv)`` from the fused backward kernels (dq over ``layout``, dk/dv over its transpose)."""
-    _refuse_runtime(runtime, soft_cap)
+    rt = _runtime(runtime)
     dt = q.dtype
     kd, vd = k.dtype, v.dtype
-    cq, ck = ops.bwd_calls(layout, q.shape, k.shape, _dtype(q), scale)
+    cq, ck = ops.bwd_calls(layout, q.shape, k.shape, _dtype(q), scale, runtime=rt, soft_cap=soft_cap)
     k, v, dout, lse = k.astype(dt), v.astype(dt), dout.astype(dt), lse.astype(jnp.float32)
-    dq, delta = run_call(cq, q, k, v, dout, out.astype(dt), lse)  # delta = rowsum(dout * out), in-kernel
-    dk, dv = run_call(ck, q, k, v, dout, lse, delta)
+    # delta = rowsum(dout * out), in-kernel
+    dq, delta = run_call(cq, q, k, v, dout, out.astype(dt), lse, *_rt_operands(runtime, keys=False))
+    dk, dv = run_call(ck, q, k, v, dout, lse, delta, *_rt_operands(runtime, keys=True))
     return dq, dk.astype(kd), dv.astype(vd)
 
 

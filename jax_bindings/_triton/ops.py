@@ -59,40 +59,50 @@ def _check_layout(layout: ACSR, Sq: int, Skv: int) -> None:
         raise ValueError(f"layout is {layout.q_len}x{layout.kv_len} but q_len x kv_len is {Sq}x{Skv}")
 
 
-def fwd_call(layout, q_shape, k_shape, dtype, scale: float, *, tiles=None, interpret=False) -> Call:
-    """Fused forward: out ``[B, Sq, H, D]`` (dtype), lse ``[B, H, Sq]`` float32."""
+def _scalars(scale: float, soft_cap: float | None) -> dict:
+    """The fused kernels' constexpr scalars: SCALE, and CAPF = SCALE / soft cap (0.0: no cap)."""
+    return {"SCALE": float(scale), "CAPF": 0.0 if soft_cap is None else float(scale) / float(soft_cap)}
+
+
+def fwd_call(
+    layout, q_shape, k_shape, dtype, scale: float, *, tiles=None, interpret=False, runtime="", soft_cap=None
+) -> Call:
+    """Fused forward: out ``[B, Sq, H, D]`` (dtype), lse ``[B, H, Sq]`` float32.
+
+    ``runtime`` (:data:`~jax_bindings._triton.spec.RUNTIME_MASKS`): the kernel takes the runtime
+    mask operands after ``(q, k, v)``: ``q_lo, q_hi, exact`` and, for ``"ids"``, ``q_ids, kv_ids``
+    (:class:`jax_bindings._runtime.RuntimeMask`). ``soft_cap``: a float or None.
+    """
     B, Sq, H, D, Skv, Hkv = _dims(q_shape, k_shape)
     _check_layout(layout, Sq, Skv)
-    p = plan("fwd", layout, dtype=dtype, head_dim=D, num_heads=H, num_kv_heads=Hkv, tiles=tiles)
+    p = plan(
+        "fwd", layout, dtype=dtype, head_dim=D, num_heads=H, num_kv_heads=Hkv, tiles=tiles, runtime=runtime
+    )
     out = [((B, Sq, H, D), p.spec.dtype), ((B, H, Sq), "float32")]
-    return _call(p, B * H, out, {"SCALE": float(scale)}, interpret)
+    return _call(p, B * H, out, _scalars(scale, soft_cap), interpret)
 
 
 def bwd_calls(
-    layout, q_shape, k_shape, dtype, scale: float, *, tiles=None, interpret=False
+    layout, q_shape, k_shape, dtype, scale: float, *, tiles=None, interpret=False, runtime="", soft_cap=None
 ) -> tuple[Call, Call]:
     """Fused backward: (dq call over ``layout``, dk/dv call over its transpose).
 
     The dq call takes ``(q, k, v, dout, out, lse)`` and returns ``(dq, delta)``
     with ``delta = sum(dout * out, -1)`` float32 ``[B, H, Sq]``; the dk/dv call,
     launched after it, takes ``(q, k, v, dout, lse, delta)`` and returns ``(dk, dv)``.
-    ``tiles``: a pair (dq tiles, dk/dv tiles), either may be None.
+    ``tiles``: a pair (dq tiles, dk/dv tiles), either may be None. With a ``runtime`` mask the
+    dq call takes ``q_lo, q_hi, exact[, q_ids, kv_ids]`` after its inputs and the dk/dv call
+    ``kv_lo, kv_hi, exact[, kv_ids, q_ids]`` (its rows are keys).
     """
     B, Sq, H, D, Skv, Hkv = _dims(q_shape, k_shape)
     _check_layout(layout, Sq, Skv)
     t_dq, t_kv = tiles or (None, None)
-    pq = plan("bwd_dq", layout, dtype=dtype, head_dim=D, num_heads=H, num_kv_heads=Hkv, tiles=t_dq)
-    pk = plan(
-        "bwd_dkdv", transposed(layout), dtype=dtype, head_dim=D, num_heads=H, num_kv_heads=Hkv, tiles=t_kv
-    )
-    cq = _call(
-        pq,
-        B * H,
-        [((B, Sq, H, D), pq.spec.dtype), ((B, H, Sq), "float32")],
-        {"SCALE": float(scale)},
-        interpret,
-    )
-    ck = _call(pk, B * Hkv, [((B, Skv, Hkv, D), pk.spec.dtype)] * 2, {"SCALE": float(scale)}, interpret)
+    heads = dict(dtype=dtype, head_dim=D, num_heads=H, num_kv_heads=Hkv, runtime=runtime)
+    pq = plan("bwd_dq", layout, tiles=t_dq, **heads)
+    pk = plan("bwd_dkdv", transposed(layout), tiles=t_kv, **heads)
+    scalars = _scalars(scale, soft_cap)
+    cq = _call(pq, B * H, [((B, Sq, H, D), pq.spec.dtype), ((B, H, Sq), "float32")], scalars, interpret)
+    ck = _call(pk, B * Hkv, [((B, Skv, Hkv, D), pk.spec.dtype)] * 2, scalars, interpret)
     return cq, ck
 
 

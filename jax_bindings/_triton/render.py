@@ -104,10 +104,19 @@ def _ranges(k: int, s: SegSpec, loop: str) -> list[str]:
     return L
 
 
-def _tile_prelude(k: int, s: SegSpec, kind: str, need_slot: bool) -> list[str]:
-    """Lines defining u, cols and (``kind`` "partial", or "full" for the unfused ops) keep, slot."""
+def _tile_prelude(k: int, s: SegSpec, kind: str, need_slot: bool, runtime: bool = False) -> list[str]:
+    """Lines defining u, cols and (``kind`` "partial", or "full" for the unfused ops) keep, slot;
+    with a runtime mask also rtp, whether the tile crosses a row's runtime range."""
     ls = s.stride if s.mode == "aligned" else 1
     L = [f"u = lo{k} + i * BLOCK_N + offs_n", f"cols = ph{k} + {ls} * u" if ls != 1 else "cols = u"]
+    if runtime:
+        c0 = f"ph{k} + {ls} * (lo{k} + i * BLOCK_N)" if ls != 1 else f"lo{k} + i * BLOCK_N"
+        c1 = (
+            f"ph{k} + {ls} * (lo{k} + i * BLOCK_N + BLOCK_N - 1) + 1"
+            if ls != 1
+            else f"lo{k} + i * BLOCK_N + BLOCK_N"
+        )
+        L.append(f"rtp = ({c0} < rt_in_lo) | ({c1} > rt_in_hi)")
     rel = f"u[None, :] - ub{k}[:, None]"
     if kind == "full" and need_slot:
         L.append("keep = valid[:, None]")
@@ -134,6 +143,56 @@ _MASK_ARGS = {
 }
 
 
+def _runtime_tiles(k: int, s: SegSpec) -> list[str]:
+    """Lines defining ra{k} <= i < rb{k}: segment k's tiles that reach the row block's runtime range."""
+    if s.mode == "aligned":  # col = ph + stride * u: the range in compressed columns first
+        st = s.stride
+        return [
+            f"rua = (tl.maximum(rt_lo - ph{k}, 0) + {st - 1}) // {st}",
+            f"rub = (tl.maximum(rt_hi - ph{k}, 0) + {st - 1}) // {st}",
+            f"ra{k} = tl.maximum(rua - lo{k}, 0) // BLOCK_N",
+            f"rb{k} = (tl.maximum(rub - lo{k}, 0) + BLOCK_N - 1) // BLOCK_N",
+        ]
+    return [
+        f"ra{k} = tl.maximum(rt_lo - lo{k}, 0) // BLOCK_N",
+        f"rb{k} = (tl.maximum(rt_hi - lo{k}, 0) + BLOCK_N - 1) // BLOCK_N",
+    ]
+
+
+def _runtime_prologue(spec: KernelSpec) -> list[str]:
+    """Loads the row block's runtime ranges (and ids); needs ``b`` (batch row) defined."""
+    if not spec.runtime:
+        return []
+    L = [
+        "# -- runtime mask: each row's column range [rlo, rhi); the block's union [rt_lo, rt_hi) bounds",
+        "#    the tiles walked, and tiles inside [rt_in_lo, rt_in_hi) (every row's range) skip the mask",
+        "rlo = tl.load(RtLo + b * ROWS + rows, mask=valid, other=0)",
+        "rhi = tl.load(RtHi + b * ROWS + rows, mask=valid, other=0)",
+        "rnz = valid & (rhi > rlo)",
+        "rt_lo = tl.min(tl.where(rnz, rlo, COLS), 0)",
+        "rt_hi = tl.max(tl.where(rnz, rhi, 0), 0)",
+        "rt_in_lo = tl.max(tl.where(valid, rlo, 0), 0)",
+        f"rt_in_hi = tl.min(tl.where(valid, rhi, {_BIG}), 0)",
+        f"rt_in_lo = tl.where(tl.load(RtExact + b) != 0, rt_in_lo, {_BIG})  # ids to compare: mask every tile",
+    ]
+    if spec.runtime == "ids":
+        L += [
+            "rid = tl.load(RowIds + b * ROWS + rows, mask=valid, other=0)",
+            "CIb = ColIds + b * COLS",
+        ]
+    else:
+        L += ["rid = rlo", "CIb = RtExact"]  # unused (RT == 1)
+    return L
+
+
+def _runtime_args(spec: KernelSpec, rtp: str = "rtp") -> str:
+    """The tile functions' runtime-mask arguments."""
+    if not spec.runtime:
+        return "rlo=None, rhi=None, rid=None, CIb=None, rtp=False, RT=0, CAPF=CAPF"
+    rt = 1 if spec.runtime == "ranges" else 2
+    return f"rlo=rlo, rhi=rhi, rid=rid, CIb=CIb, rtp={rtp}, RT={rt}, CAPF=CAPF"
+
+
 def _loop(spec: KernelSpec, s: SegSpec, fused_op: bool) -> str:
     """The tile walk of one segment: "fused", "split" or "single" (see KernelSpec.loop)."""
     if s.mode == "modular":
@@ -150,6 +209,8 @@ def _walk(spec: KernelSpec, call: str, need_slot: bool, res_call: str | None = N
     function's mask arguments) or ``{FULL}`` (unfused ops: the IS_FULL flag).
     """
     fused_op = "{MASK}" in call
+    runtime = bool(spec.runtime) and fused_op
+    rt_args = ", " + _runtime_args(spec) if fused_op else ""
     L = []
     for k, s in enumerate(spec.segments):
         loop = _loop(spec, s, fused_op)
@@ -160,10 +221,13 @@ def _walk(spec: KernelSpec, call: str, need_slot: bool, res_call: str | None = N
             runs = (("0", f"fa{k}", "partial"), (f"fa{k}", f"fb{k}", "full"), (f"fb{k}", f"nt{k}", "partial"))
         else:
             runs = (("0", f"nt{k}", "lazy" if loop == "fused" else "partial"),)
+        if runtime:
+            L += _runtime_tiles(k, s)
+            runs = tuple((f"tl.maximum({a}, ra{k})", f"tl.minimum({b}, rb{k})", kind) for a, b, kind in runs)
         for a, b, kind in runs:
             L.append(f"for i in range({a}, {b}):")
-            text = call.format(FULL=kind == "full", MASK=_MASK_ARGS[kind].format(k=k))
-            body = _tile_prelude(k, s, kind, need_slot) + [text]
+            text = call.format(FULL=kind == "full", MASK=_MASK_ARGS[kind].format(k=k) + rt_args)
+            body = _tile_prelude(k, s, kind, need_slot, runtime) + [text]
             L += ["    " + x for x in body]
     if spec.residual is not None:
         r = spec.residual
@@ -182,7 +246,11 @@ def _walk(spec: KernelSpec, call: str, need_slot: bool, res_call: str | None = N
         ]
         if need_slot:
             L.append(f"    slot = {r.slot_offset} + j * {r.block_kv} + offs_r[None, :] + 0 * offs_m[:, None]")
-        L.append("    " + (res_call or call).format(FULL=False, MASK=_MASK_ARGS["partial"]))
+        if runtime:
+            L.append(
+                f"    rtp = (tl.maximum(kbj, 0) * {r.block_kv} < rt_in_lo) | ((tl.maximum(kbj, 0) + 1) * {r.block_kv} > rt_in_hi)"
+            )
+        L.append("    " + (res_call or call).format(FULL=False, MASK=_MASK_ARGS["partial"] + rt_args))
     return L
 
 
@@ -266,6 +334,11 @@ def _header(spec: KernelSpec) -> str:
         #   IS_FULL      (unfused ops, loads) the tile lies inside every row's range
         #   keep         [BLOCK_M, BLOCK_N] membership of (row, column) in the mask
         #   slot         value-array slot of (row, column) for the unfused ops
+        #   RT           runtime mask (fused ops): 0 none; 1 per-row column ranges [rlo, rhi)
+        #                (RtLo/RtHi [B, ROWS]); 2 ranges and segment ids (RowIds [B, ROWS] ==
+        #                ColIds [B, COLS]); rt_lo/rt_hi bound the tiles walked, rtp: the tile
+        #                crosses a range end (or RtExact[b] == 0) and is masked
+        #   CAPF         SCALE / logits soft cap (0: none): scores become tanh(s * CAPF) / CAPF
         import triton
         import triton.language as tl
 
@@ -306,18 +379,40 @@ def _in_range(u, ub, ue):
 
 
 @triton.jit
-def _fwd_tile(acc, m_i, l_i, q, Kb, Vb, QK_SCALE: tl.constexpr, cols, keep, u, ub, ue, part, MASK: tl.constexpr):
+def _runtime_keep(cols, rlo, rhi, rid, CIb, RT: tl.constexpr):
+    """[BLOCK_M, BLOCK_N] runtime mask: cols inside each row's [rlo, rhi) (RT == 2: and of its segment)."""
+    keep = (cols[None, :] >= rlo[:, None]) & (cols[None, :] < rhi[:, None])
+    if RT == 2:
+        cid = tl.load(CIb + cols, mask=cols < COLS, other=0)
+        keep = keep & (rid[:, None] == cid[None, :])
+    return keep
+
+
+@triton.jit
+def _tanh(x):
+    """tanh through exp2; saturates to +-1 for large |x|."""
+    return 1.0 - 2.0 / (tl.math.exp2(x * (2.0 * LOG2E)) + 1.0)
+
+
+@triton.jit
+def _fwd_tile(acc, m_i, l_i, q, Kb, Vb, QK_SCALE: tl.constexpr, cols, keep, u, ub, ue, part, MASK: tl.constexpr,
+              rlo, rhi, rid, CIb, rtp, RT: tl.constexpr, CAPF: tl.constexpr):
     k = _load_rows(Kb, cols, cols < KV_LEN, KV_ROW, MASK == 0)
     v = _load_rows(Vb, cols, cols < KV_LEN, KV_ROW, MASK == 0)
     s = tl.dot(q, tl.trans(k), input_precision=PREC)
+    if CAPF > 0:  # soft cap: SCALE * s becomes CAP * tanh(SCALE * s / CAP); CAPF = SCALE / CAP
+        s = _tanh(s * CAPF) / CAPF
     if MASK == 1:
         s = tl.where(keep, s, float("-inf"))
     if MASK == 2:
         if part:  # an edge tile: only these build and apply the mask
             s = tl.where(_in_range(u, ub, ue), s, float("-inf"))
+    if RT > 0:
+        if rtp:  # the tile crosses a row's runtime range
+            s = tl.where(_runtime_keep(cols, rlo, rhi, rid, CIb, RT), s, float("-inf"))
     # scores stay unscaled: max first, then one FMA per score (QK_SCALE > 0 keeps the argmax)
     m_new = tl.maximum(m_i, tl.max(s, 1) * QK_SCALE)
-    if MASK == 0:  # every row has a finite score here
+    if MASK == 0 and RT == 0:  # every row has a finite score here
         m_use = m_new
     else:  # rows with nothing yet: subtract 0, exp2(-inf) = 0
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -329,39 +424,57 @@ def _fwd_tile(acc, m_i, l_i, q, Kb, Vb, QK_SCALE: tl.constexpr, cols, keep, u, u
 
 
 @triton.jit
-def _dq_tile(dq, q, do, lse2, delta, Kb, Vb, QK_SCALE: tl.constexpr, cols, keep, u, ub, ue, part, MASK: tl.constexpr):
+def _dq_tile(dq, q, do, lse2, delta, Kb, Vb, QK_SCALE: tl.constexpr, cols, keep, u, ub, ue, part, MASK: tl.constexpr,
+             rlo, rhi, rid, CIb, rtp, RT: tl.constexpr, CAPF: tl.constexpr):
     k = _load_rows(Kb, cols, cols < KV_LEN, KV_ROW, MASK == 0)
     v = _load_rows(Vb, cols, cols < KV_LEN, KV_ROW, MASK == 0)
     s = tl.dot(q, tl.trans(k), input_precision=PREC)
+    if CAPF > 0:
+        t = _tanh(s * CAPF)
+        s = t / CAPF
     p = tl.math.exp2(s * QK_SCALE - lse2[:, None])
     if MASK == 1:
         p = tl.where(keep, p, 0.0)
     if MASK == 2:
         if part:
             p = tl.where(_in_range(u, ub, ue), p, 0.0)
+    if RT > 0:
+        if rtp:
+            p = tl.where(_runtime_keep(cols, rlo, rhi, rid, CIb, RT), p, 0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=PREC)
     ds = p * (dp - delta[:, None])
+    if CAPF > 0:  # d(tanh) / d(logit)
+        ds = ds * (1.0 - t * t)
     dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
     return dq
 
 
 @triton.jit
-def _dkdv_tile(dk, dv, k, v, Qb, DOb, Lb, Db, QK_SCALE: tl.constexpr, cols, keep, u, ub, ue, part, MASK: tl.constexpr):
+def _dkdv_tile(dk, dv, k, v, Qb, DOb, Lb, Db, QK_SCALE: tl.constexpr, cols, keep, u, ub, ue, part, MASK: tl.constexpr,
+               rlo, rhi, rid, CIb, rtp, RT: tl.constexpr, CAPF: tl.constexpr):
     ok = cols < Q_LEN
     q = _load_rows(Qb, cols, ok, Q_ROW, MASK == 0)
     do = _load_rows(DOb, cols, ok, Q_ROW, MASK == 0)
     lse2 = tl.load(Lb + cols, mask=ok, other=0.0) * LOG2E
     delta = tl.load(Db + cols, mask=ok, other=0.0)
     st = tl.dot(k, tl.trans(q), input_precision=PREC)
+    if CAPF > 0:
+        t = _tanh(st * CAPF)
+        st = t / CAPF
     pt = tl.math.exp2(st * QK_SCALE - lse2[None, :])
     if MASK == 1:
         pt = tl.where(keep, pt, 0.0)
     if MASK == 2:
         if part:
             pt = tl.where(_in_range(u, ub, ue), pt, 0.0)
+    if RT > 0:
+        if rtp:  # rows are keys here: their ranges and ids are over queries
+            pt = tl.where(_runtime_keep(cols, rlo, rhi, rid, CIb, RT), pt, 0.0)
     dv += tl.dot(pt.to(do.dtype), do, input_precision=PREC)
     dpt = tl.dot(v, tl.trans(do), input_precision=PREC)
     dst = pt * (dpt - delta[None, :])
+    if CAPF > 0:
+        dst = dst * (1.0 - t * t)
     dk += tl.dot(dst.to(q.dtype), q, input_precision=PREC)
     return dk, dv
 
@@ -385,6 +498,10 @@ def _spmm_tile(acc, Prow, Vb, cols, keep, slot, IS_FULL: tl.constexpr):
 '''
 
 
+def _rt_sig(spec: KernelSpec) -> str:
+    return "".join(f"{n}, " for n in spec.runtime_names())
+
+
 def _row_block_head(kv: str, *, load_q: bool) -> list[str]:
     """Opening lines of a query-row kernel: batch/head indices, the row block's Q offset,
     base pointers of the key/value tensors named in ``kv`` ("K", "V" or "KV"), and Q's rows."""
@@ -402,9 +519,10 @@ def _row_block_head(kv: str, *, load_q: bool) -> list[str]:
 
 def _fwd(spec: KernelSpec, meta: str) -> tuple[str, list[str]]:
     """Fused forward: ``(Q, K, V) -> (Out, Lse)``, online softmax over the row block's key tiles."""
-    sig = f"Q, K, V, {meta}Out, Lse, SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr"
+    sig = f"Q, K, V, {_rt_sig(spec)}{meta}Out, Lse, SCALE: tl.constexpr, CAPF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr"
     body = (
         _row_block_head("KV", load_q=True)
+        + _runtime_prologue(spec)
         + [
             "m_i = tl.full([BLOCK_M], float('-inf'), tl.float32)",
             "l_i = tl.zeros([BLOCK_M], tl.float32)",
@@ -431,9 +549,10 @@ def _fwd(spec: KernelSpec, meta: str) -> tuple[str, list[str]]:
 
 def _bwd_dq(spec: KernelSpec, meta: str) -> tuple[str, list[str]]:
     """Backward over query rows: ``dQ`` and ``Delta = rowsum(dO * O)`` (stored for the dk/dv kernel)."""
-    sig = f"Q, K, V, DO, Out, Lse, {meta}DQ, Delta, SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr"
+    sig = f"Q, K, V, DO, Out, Lse, {_rt_sig(spec)}{meta}DQ, Delta, SCALE: tl.constexpr, CAPF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr"
     body = (
         _row_block_head("KV", load_q=True)
+        + _runtime_prologue(spec)
         + [
             "do = _load_rows(DO + bq, rows, valid, Q_ROW, False)",
             "lrow = (b * H + h).to(tl.int64) * Q_LEN + rows",
@@ -461,7 +580,7 @@ def _bwd_dq(spec: KernelSpec, meta: str) -> tuple[str, list[str]]:
 
 def _bwd_dkdv(spec: KernelSpec, meta: str) -> tuple[str, list[str]]:
     """Backward over key rows (the transposed layout): ``dK``, ``dV``, summed over the GQA group."""
-    sig = f"Q, K, V, DO, Lse, Delta, {meta}DK, DV, SCALE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr"
+    sig = f"Q, K, V, DO, Lse, Delta, {_rt_sig(spec)}{meta}DK, DV, SCALE: tl.constexpr, CAPF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr"
     walk = _walk(
         spec,
         "dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lb, Db, SCALE * LOG2E, {MASK})",
@@ -477,6 +596,7 @@ def _bwd_dkdv(spec: KernelSpec, meta: str) -> tuple[str, list[str]]:
             "dk = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)",
             "dv = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)",
         ]
+        + _runtime_prologue(spec)
         + _segments_rowinfo(spec, True)
         + [
             "for g in range(0, GROUP):",

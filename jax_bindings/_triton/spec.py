@@ -26,6 +26,9 @@ import acsr
 from acsr import ACSR, Piece
 
 OPS = ("fwd", "bwd_dq", "bwd_dkdv", "sddmm", "softmax", "spmm")
+FUSED_OPS = ("fwd", "bwd_dq", "bwd_dkdv")
+# runtime masks the fused kernels take: none, per-row column ranges, ranges and segment ids
+RUNTIME_MASKS = ("", "ranges", "ids")
 DTYPES = ("float16", "bfloat16", "float32")
 MAX_HEAD_DIM = 256
 
@@ -78,6 +81,12 @@ class KernelSpec:
     ``ordered``: programs take row blocks from an ``Order`` operand, heaviest
     first, with the grid's fastest axis over batch x heads (load balance for
     layouts with a few very long rows, e.g. global tokens).
+    ``runtime``: the runtime mask the fused kernels AND in (:data:`RUNTIME_MASKS`;
+    see :mod:`jax_bindings._runtime`): ``""`` none; ``"ranges"`` per-row column
+    ranges ``RtLo/RtHi [B, rows]`` and the exactness flag ``RtExact [B]``, data
+    operands after the inputs; ``"ids"`` also ``RowIds [B, rows]`` and
+    ``ColIds [B, cols]``. Tiles outside a row block's ranges are skipped; tiles
+    crossing a range end (or every tile, where the flag is 0) are masked.
     """
 
     op: str
@@ -97,6 +106,7 @@ class KernelSpec:
     num_stages: int = 2
     loop: str = "fused"
     ordered: bool = False
+    runtime: str = ""
 
     @property
     def group(self) -> int:
@@ -106,6 +116,12 @@ class KernelSpec:
     @property
     def block_d(self) -> int:
         return max(16, 1 << (self.head_dim - 1).bit_length())
+
+    def runtime_names(self) -> tuple[str, ...]:
+        """Names of the runtime-mask operands, in the order kernels take them (after the inputs)."""
+        if not self.runtime:
+            return ()
+        return ("RtLo", "RtHi", "RtExact") + (("RowIds", "ColIds") if self.runtime == "ids" else ())
 
     def meta_names(self) -> tuple[str, ...]:
         """Names of the metadata operands, in the order kernels take them."""
@@ -342,6 +358,7 @@ def plan(
     num_heads: int,
     num_kv_heads: int,
     tiles: Tiles | tuple | None = None,
+    runtime: str = "",
 ) -> Plan:
     """Builds the :class:`Plan` of ``op`` over ``layout``.
 
@@ -358,6 +375,7 @@ def plan(
       num_heads, num_kv_heads: H and H_kv (H_kv divides H).
       tiles: :class:`Tiles` (or ``(block_m, block_n, num_warps, num_stages[, loop])``);
         None: :func:`tiles_for`.
+      runtime: the runtime mask of the fused ops (:data:`RUNTIME_MASKS`).
     """
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
@@ -366,11 +384,15 @@ def plan(
     if num_kv_heads < 1 or num_heads % num_kv_heads:
         raise ValueError(f"key/value heads ({num_kv_heads}) must divide query heads ({num_heads})")
     tiles = None if tiles is None else Tiles.of(tiles)
-    return _plan_cached(op, layout, dtype, head_dim, int(num_heads), int(num_kv_heads), tiles)
+    if runtime not in RUNTIME_MASKS:
+        raise ValueError(f"runtime must be one of {RUNTIME_MASKS}, got {runtime!r}")
+    if runtime and op not in FUSED_OPS:
+        raise ValueError(f"only the fused ops {FUSED_OPS} take a runtime mask, not {op!r}")
+    return _plan_cached(op, layout, dtype, head_dim, int(num_heads), int(num_kv_heads), tiles, runtime)
 
 
 @functools.lru_cache(maxsize=256)
-def _plan_cached(op, layout: ACSR, dtype, head_dim, num_heads, num_kv_heads, tiles) -> Plan:
+def _plan_cached(op, layout: ACSR, dtype, head_dim, num_heads, num_kv_heads, tiles, runtime="") -> Plan:
     if tiles is None:
         tiles = tiles_for(op, layout, head_dim, dtype)
     bm, bn, warps, stages, loop = tiles
@@ -415,6 +437,7 @@ def _plan_cached(op, layout: ACSR, dtype, head_dim, num_heads, num_kv_heads, til
         num_stages=stages,
         loop=loop,
         ordered=walk.order is not None,
+        runtime=runtime,
     )
     meta = tuple(np.ascontiguousarray(m, dtype=np.int8 if m.dtype == np.int8 else np.int32) for m in meta)
     return Plan(spec, meta, walk.row_blocks)
@@ -455,7 +478,9 @@ def transpose_slots(layout: ACSR) -> np.ndarray:
 
 __all__ = [
     "DTYPES",
+    "FUSED_OPS",
     "LOOPS",
+    "RUNTIME_MASKS",
     "MAX_HEAD_DIM",
     "OPS",
     "WARPS",

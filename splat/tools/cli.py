@@ -1,11 +1,12 @@
-"""The ``splat`` command line: ``splat analyze``, ``bench`` and ``tune`` (also ``python -m splat``).
+"""The ``splat`` command (also ``python -m splat``): ``analyze``, ``bench``, ``bench-runtime``, ``tune``.
 
 ``splat analyze EXPR_OR_NPY`` prints how splat stores a mask (segments, strides,
 closed forms, residual, density); EXPR is a mask expression over the constructors
 in :mod:`splat.masks`, e.g. ``"sliding_window(256, 256) | global_tokens(4)"``
 (parsed by :func:`splat.masks.parse`, never evaluated), or the path of a boolean
 ``.npy`` file. ``splat bench`` times splat against its peers (see
-:mod:`splat.tools.bench`). Run ``splat COMMAND --help`` for the options.
+:mod:`splat.tools.bench`), ``splat bench-runtime`` its runtime masks on a GPU (see
+:mod:`splat.tools.bench_runtime`). Run ``splat COMMAND --help`` for the options.
 
 Errors in what the user typed (a bad expression, a backend that cannot run here,
 a missing optional package) print one line, ``splat COMMAND: error: ...``, and
@@ -152,6 +153,38 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", metavar="JSON", default=None, help="write all settings and results here")
     b.add_argument("--plot", metavar="PNG", default=None, help="write a plot of the results here")
 
+    from splat.tools.bench_runtime import RUNTIME_PEERS, WORKLOADS
+
+    r = sub.add_parser(
+        "bench-runtime",
+        help="time splat's runtime masks (packed documents, Gemma 2's local layer) on a GPU",
+        description="Time splat.attention with runtime masks against FlexAttention (kernel alone, and with "
+        "its block mask built every call), FlashAttention-3 (varlen) and cuDNN, in one process: "
+        "doc_causal (causal() & segment_ids, a new packing of documents every call) and gemma2_local "
+        "(causal window with logits_soft_cap). Needs a GPU. Defaults: bf16, S=8192, H=16, D=128.",
+    )
+    r.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=None)
+    r.add_argument("--mode", choices=["fwd", "fwdbwd", "both"], default=None)
+    r.add_argument("--seq-len", type=_positive_int, default=None, help="S (default 8192)")
+    r.add_argument("--batch", type=_positive_int, default=None, help="B of doc_causal (default 4)")
+    r.add_argument("--local-batch", type=_positive_int, default=None, help="B of gemma2_local (default 1)")
+    r.add_argument("--heads", type=_positive_int, default=None, help="H (default 16)")
+    r.add_argument("--head-dim", type=_positive_int, default=None, help="D (default 128)")
+    r.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
+    r.add_argument("--doc-min", type=_positive_int, default=None, help="shortest document (default 256)")
+    r.add_argument("--doc-max", type=_positive_int, default=None, help="longest document (default 4096)")
+    r.add_argument("--packings", type=_positive_int, default=None, help="packings cycled (default 10)")
+    r.add_argument("--window", type=_positive_int, default=None, help="gemma2_local window (default 4096)")
+    r.add_argument("--soft-cap", type=float, default=None, help="gemma2_local logit cap (default 50)")
+    r.add_argument("--peers", nargs="+", choices=list(RUNTIME_PEERS), default=None)
+    r.add_argument("--backend", choices=list(BACKENDS), default=None, help="splat's backend")
+    r.add_argument("--repeats", type=_positive_int, default=None, help="timed samples (median reported)")
+    r.add_argument("--warmup", type=_nonneg_int, default=None, help="untimed samples first")
+    r.add_argument("--seed", type=int, default=None)
+    r.add_argument("--quick", action="store_true", help="S=2048, few packings and repeats: a set-up check")
+    r.add_argument("--out", metavar="JSON", default=None, help="write all settings and results here")
+    r.add_argument("--plot", metavar="PNG", default=None, help="write a plot of the results here")
+
     from splat.tools import tune
 
     t = sub.add_parser(
@@ -220,6 +253,29 @@ def _cmd_bench(args) -> int:
     return 0
 
 
+def _cmd_bench_runtime(args) -> int:
+    import dataclasses
+
+    from splat.tools import bench, bench_runtime
+
+    cls = bench_runtime.RuntimeBenchConfig
+    kw = {}
+    for f in dataclasses.fields(cls):
+        v = getattr(args, f.name, None)
+        if v is not None:
+            kw[f.name] = tuple(v) if isinstance(v, list) else v
+    result = bench_runtime.run_runtime_bench(cls.quick(**kw) if args.quick else cls(**kw))
+    if args.out:
+        bench.write_json(result, args.out)
+        print(f"wrote {args.out}")
+    if args.plot:
+        from splat.tools.plot import plot_bench
+
+        plot_bench(result, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
 def _cmd_tune(args) -> int:
     from jax_bindings import _registry
     from splat.tools import tune
@@ -254,6 +310,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_analyze(args)
         if args.command == "tune":
             return _cmd_tune(args)
+        if args.command == "bench-runtime":
+            return _cmd_bench_runtime(args)
         return _cmd_bench(args)
     except (ValueError, ImportError) as e:  # bad input, a backend that cannot run, a missing package
         print(f"splat {args.command}: error: {' '.join(str(e).split())}", file=sys.stderr)

@@ -53,6 +53,7 @@ __all__ = [
     "PeerUnavailable",
     "Prepared",
     "Problem",
+    "compiled_flex",
     "jax_dtype",
     "splat_backend",
 ]
@@ -170,11 +171,12 @@ def jax_dtype(name: str):
     return {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}[name]
 
 
-def splat_backend(op: str, *args, backend: str = "auto") -> str:
+def splat_backend(op: str, *args, backend: str = "auto", **kwargs) -> str:
     """The jax_bindings backend that runs ``op`` on ``args`` (``"unknown"`` where it cannot say).
 
-    Asks ``jax_bindings.selected_backend(op, *args, backend=backend)`` where that
-    function exists; ``args`` are what the op takes (abstract arrays do).
+    Asks ``jax_bindings.selected_backend(op, *args, backend=backend, **kwargs)`` where
+    that function exists; ``args`` are what the op takes (abstract arrays do), ``kwargs``
+    its keyword arguments (``runtime``, ``soft_cap``).
     """
     import jax_bindings
 
@@ -182,7 +184,7 @@ def splat_backend(op: str, *args, backend: str = "auto") -> str:
     if select is None:
         return "unknown"
     try:
-        return str(select(op, *args, backend=backend))
+        return str(select(op, *args, backend=backend, **kwargs))
     except Exception as e:  # a record of what ran must not stop the run; say why it is missing
         msg = str(e).strip().splitlines()
         return f"unknown ({type(e).__name__}: {msg[0][:120] if msg else ''})"
@@ -456,6 +458,24 @@ def _torch_prepared(torch, fn, problem: Problem, note: str = "") -> Prepared:
     return Prepared(run, None, note, outputs=outputs, launch=launch, sync=sync)
 
 
+def compiled_flex(torch, fa):
+    """``torch.compile(flex_attention)``, with dynamo's recompile limits lifted first.
+
+    Every pattern and size compiles its own kernel: under the default limits later
+    patterns silently fall back to eager FlexAttention (dense scores, a tiny
+    fraction of its speed).
+    """
+    dynamo = importlib.import_module("torch._dynamo").config
+    for name, limit in (
+        ("cache_size_limit", 256),
+        ("recompile_limit", 256),
+        ("accumulated_cache_size_limit", 4096),
+    ):
+        if hasattr(dynamo, name):
+            setattr(dynamo, name, max(limit, getattr(dynamo, name)))
+    return torch.compile(fa.flex_attention, dynamic=False)
+
+
 def _prep_flex(problem: Problem) -> Prepared:
     torch = _torch_cuda()
     try:
@@ -478,17 +498,7 @@ def _prep_flex(problem: Problem) -> Prepared:
             return expr(q_idx, kv_idx)
 
     block_mask = fa.create_block_mask(mask_mod, B=None, H=None, Q_LEN=s, KV_LEN=s, device="cuda")
-    # every pattern and size compiles its own kernel: lift dynamo's recompile limits, or later
-    # patterns silently fall back to eager FlexAttention (dense scores, a tiny fraction of its speed)
-    dynamo = importlib.import_module("torch._dynamo").config
-    for name, limit in (
-        ("cache_size_limit", 256),
-        ("recompile_limit", 256),
-        ("accumulated_cache_size_limit", 4096),
-    ):
-        if hasattr(dynamo, name):
-            setattr(dynamo, name, max(limit, getattr(dynamo, name)))
-    flex = torch.compile(fa.flex_attention, dynamic=False)
+    flex = compiled_flex(torch, fa)
     return _torch_prepared(torch, lambda q, k, v: flex(q, k, v, block_mask=block_mask), problem, note)
 
 
