@@ -13,7 +13,7 @@ import numpy as np
 
 from splat import masks
 
-__all__ = ["GPTConfig", "LongformerConfig", "layer_masks", "make_batch"]
+__all__ = ["GPTConfig", "LongformerConfig", "layer_masks", "make_batch", "make_packed_batch"]
 
 
 @dataclass(frozen=True)
@@ -89,3 +89,32 @@ def make_batch(cfg, rng: np.random.Generator, batch: int) -> tuple[np.ndarray, n
     weights = np.ones((batch, s), np.float32)
     weights[:, 0] = 0.0
     return tokens.astype(np.int32), labels.astype(np.int32), weights
+
+
+def make_packed_batch(
+    cfg: GPTConfig, rng: np.random.Generator, batch: int, *, eod: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Packed documents: (tokens int32 [B, S], labels int32 [B, S], weights float32 [B, S]).
+
+    Each row is a run of documents cut at ``S`` tokens, each document an
+    induction sequence (a random prefix of ``h`` tokens, ``h`` in ``[4, S // 4]``,
+    repeated twice) ended by the token ``eod``, which appears nowhere else.
+    Labels are the next tokens; a position whose label is the next document's
+    first token (an ``eod``) has weight 0. With document-causal attention
+    (:func:`examples.gpt_jax.document_ids`) every document is a sequence of its own.
+    """
+    if not (isinstance(cfg, GPTConfig) and 0 <= eod < cfg.vocab and cfg.seq_len >= 16):
+        raise ValueError("make_packed_batch needs a GPTConfig with seq_len >= 16 and 0 <= eod < vocab")
+    s = cfg.seq_len
+    rows = []
+    for _ in range(batch):
+        row: list[int] = []
+        while len(row) < s + 1:
+            prefix = rng.integers(0, cfg.vocab - 1, size=rng.integers(4, s // 4 + 1))
+            prefix = prefix + (prefix >= eod)  # skip the eod token
+            row += [*prefix, *prefix, eod]
+        rows.append(row[: s + 1])
+    seq = np.asarray(rows, np.int32)
+    tokens, labels = seq[:, :-1], seq[:, 1:]
+    weights = (tokens != eod).astype(np.float32)
+    return tokens, labels, weights

@@ -36,6 +36,20 @@ Attention modes (``attention=``), one per whole model:
 The cuDNN modes need a CUDA GPU; elsewhere they raise ``ValueError`` at trace
 time (nothing is silently swapped; pick ``"xla"`` there).
 
+Packed documents (``eod=``): a row of ``tokens`` holds several documents, each
+ended by the token ``eod``. :func:`document_ids` derives from the tokens, inside
+the jitted step, each token's document id and its position in its document;
+attention is then document-causal -- ``segment_ids`` AND the layer's static mask
+for splat, a dense ``[B, 1, S, S]`` mask for the other modes -- and positions
+restart at 0 in every document, so a packed row computes exactly what its
+documents would alone.
+
+Decode with a KV cache (splat only): :func:`init_cache` and :func:`extend` run
+``T`` new tokens (a prompt, then one token a step) against the cached keys and
+values; the new queries sit at ``q_offset = cache["pos"]``, so the layers'
+static masks (causal, causal window) are applied at their true positions and
+the logits equal the full-sequence ones. :func:`generate` decodes greedily.
+
 Example:
   >>> import jax.numpy as jnp
   >>> from examples.common import GPTConfig
@@ -63,7 +77,12 @@ __all__ = [
     "ATTENTION_MODES",
     "adam_init",
     "adam_update",
+    "document_ids",
+    "extend",
+    "extend_jit",
     "forward",
+    "generate",
+    "init_cache",
     "init_params",
     "loss_fn",
     "make_train_step",
@@ -205,12 +224,36 @@ def _local_mask(s: int, window: int) -> jax.Array:
     return ((i - j >= 0) & (i - j < window))[None, None]
 
 
+def document_ids(tokens: jax.Array, eod: int) -> tuple[jax.Array, jax.Array]:
+    """``(segment_ids, positions)``, int32 ``[B, S]`` each, of packed documents ended by ``eod``.
+
+    Token ``i`` belongs to document ``segment_ids[b, i]`` (the number of ``eod``
+    tokens before it: an ``eod`` ends its own document) and sits at position
+    ``positions[b, i]`` of it (0 at each document's first token). Traceable.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> seg, pos = document_ids(jnp.array([[5, 6, 0, 7, 0, 8]]), eod=0)
+      >>> seg.tolist(), pos.tolist()
+      ([[0, 0, 0, 1, 1, 2]], [[0, 1, 2, 0, 1, 0]])
+    """
+    ends = (tokens == eod).astype(jnp.int32)
+    seg = jnp.cumsum(ends, axis=1) - ends
+    i = lax.broadcasted_iota(jnp.int32, tokens.shape, 1)
+    starts = jnp.pad(ends[:, :-1], ((0, 0), (1, 0)), constant_values=1).astype(bool)
+    pos = i - lax.cummax(jnp.where(starts, i, 0), axis=1)
+    return seg, pos
+
+
 def _attention_fns(cfg: GPTConfig, attention: str) -> list[Callable]:
-    """One ``fn(q, k, v) -> out`` ([B, S, H, D]) per layer."""
+    """One ``fn(q, k, v, segment_ids) -> out`` ([B, S, H, D]; ``segment_ids`` [B, S] or None) per layer."""
     if attention not in ATTENTION_MODES:
         raise ValueError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
     if attention == "splat":
-        return [lambda q, k, v, m=m: splat.attention(q, k, v, mask=m) for m in layer_masks(cfg)]
+        return [
+            lambda q, k, v, seg, m=m: splat.attention(q, k, v, mask=m, segment_ids=seg)
+            for m in layer_masks(cfg)
+        ]
     impl, how = attention.split("_") if "_" in attention else (attention, "window")
     if impl == "cudnn" and jax.default_backend() != "gpu":
         raise ValueError(
@@ -219,12 +262,15 @@ def _attention_fns(cfg: GPTConfig, attention: str) -> list[Callable]:
         )
 
     def dense(local: bool):
-        def fn(q, k, v):
+        def fn(q, k, v, seg):
             window, mask = None, None
             if local and how == "window":
                 window = (cfg.window - 1, 0)
             elif local:
                 mask = _local_mask(q.shape[1], cfg.window)
+            if seg is not None:  # documents: a dense [B, 1, S, S] mask
+                same = (seg[:, :, None] == seg[:, None, :])[:, None]
+                mask = same if mask is None else mask & same
             return jax.nn.dot_product_attention(
                 q, k, v, mask=mask, is_causal=True, local_window_size=window, implementation=impl
             )
@@ -234,32 +280,62 @@ def _attention_fns(cfg: GPTConfig, attention: str) -> list[Callable]:
     return [dense(local=i % 2 == 0) for i in range(cfg.layers)]
 
 
-def forward(params: dict, tokens: jax.Array, cfg: GPTConfig, attention: str = "splat") -> jax.Array:
-    """Logits float32 ``[B, S, vocab]`` for int tokens ``[B, S]`` (``S <= cfg.seq_len``)."""
+def _check_forward(params, tokens, cfg, max_len: int) -> None:
     _check_cfg(cfg)
-    if tokens.ndim != 2 or tokens.shape[1] > cfg.seq_len:
-        raise ValueError(f"tokens must be [B, S] with S <= {cfg.seq_len}, got shape {tokens.shape}")
+    if tokens.ndim != 2 or tokens.shape[1] > max_len:
+        raise ValueError(f"tokens must be [B, S] with S <= {max_len}, got shape {tokens.shape}")
     if len(params["blocks"]) != cfg.layers:
         raise ValueError(f"params have {len(params['blocks'])} blocks, cfg.layers = {cfg.layers}")
-    dt = jnp.dtype(cfg.dtype)
-    attn_fns = _attention_fns(cfg, attention)
+
+
+def _block(x, p, attend: Callable, dt):
+    """One pre-norm block; ``attend(q, k, v)`` is the attention."""
+    h = _rms_norm(x, p["norm1"], dt)
+    q, k, v = (_linear(h, p[n], 1, dt) for n in ("q", "k", "v"))
+    x = x + _linear(attend(q, k, v), p["out"], 2, dt)
+    h = _rms_norm(x, p["norm2"], dt)
+    return x + _linear(jax.nn.gelu(_linear(h, p["up"], 1, dt)), p["down"], 1, dt)
+
+
+def _embed(params, tokens, positions, dt):
     emb = params["embed"].astype(dt)
-    x = jnp.take(emb, tokens, axis=0) + jnp.take(
-        params["pos"].astype(dt), jnp.arange(tokens.shape[1]), axis=0
-    )
-    for p, attn in zip(params["blocks"], attn_fns, strict=True):
-        h = _rms_norm(x, p["norm1"], dt)
-        q, k, v = (_linear(h, p[n], 1, dt) for n in ("q", "k", "v"))
-        x = x + _linear(attn(q, k, v), p["out"], 2, dt)
-        h = _rms_norm(x, p["norm2"], dt)
-        x = x + _linear(jax.nn.gelu(_linear(h, p["up"], 1, dt)), p["down"], 1, dt)
+    return emb, jnp.take(emb, tokens, axis=0) + jnp.take(params["pos"].astype(dt), positions, axis=0)
+
+
+def _logits(params, x, emb, dt):
     x = _rms_norm(x, params["norm"], dt)
     return jnp.dot(x, emb.T).astype(jnp.float32)
 
 
-def loss_fn(params, tokens, labels, weights, cfg: GPTConfig, attention: str = "splat") -> jax.Array:
-    """Mean cross-entropy over weighted positions (as ``examples.train.loss_fn``)."""
-    logits = forward(params, tokens, cfg, attention)
+def forward(
+    params: dict, tokens: jax.Array, cfg: GPTConfig, attention: str = "splat", *, eod: int | None = None
+) -> jax.Array:
+    """Logits float32 ``[B, S, vocab]`` for int tokens ``[B, S]`` (``S <= cfg.seq_len``).
+
+    ``eod``: the rows are packed documents ended by this token (see :func:`document_ids`);
+    None: each row is one sequence.
+    """
+    _check_forward(params, tokens, cfg, cfg.seq_len)
+    dt = jnp.dtype(cfg.dtype)
+    attn_fns = _attention_fns(cfg, attention)
+    if eod is None:
+        seg, positions = None, jnp.arange(tokens.shape[1])
+    else:
+        seg, positions = document_ids(tokens, eod)
+    emb, x = _embed(params, tokens, positions, dt)
+    for p, attn in zip(params["blocks"], attn_fns, strict=True):
+        x = _block(x, p, lambda q, k, v, attn=attn: attn(q, k, v, seg), dt)
+    return _logits(params, x, emb, dt)
+
+
+def loss_fn(
+    params, tokens, labels, weights, cfg: GPTConfig, attention: str = "splat", eod: int | None = None
+) -> jax.Array:
+    """Mean cross-entropy over weighted positions (as ``examples.train.loss_fn``).
+
+    ``eod``: as :func:`forward`.
+    """
+    logits = forward(params, tokens, cfg, attention, eod=eod)
     logz = jax.nn.logsumexp(logits, axis=-1)
     label_logit = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
     return ((logz - label_logit) * weights).sum() / weights.sum()
@@ -292,18 +368,98 @@ def adam_update(params, grads, state, lr: float, b1: float = 0.9, b2: float = 0.
     return params, {"step": t, "mu": mu, "nu": nu}
 
 
-def make_train_step(cfg: GPTConfig, attention: str = "splat", *, lr: float = 1e-3, donate: bool = True):
+def make_train_step(
+    cfg: GPTConfig, attention: str = "splat", *, lr: float = 1e-3, donate: bool = True, eod: int | None = None
+):
     """A jitted ``step(params, opt_state, tokens, labels, weights) -> (params, opt_state, loss)``.
 
     ``donate``: the step reuses the buffers of ``params`` and ``opt_state``
-    (do not touch the passed-in ones afterwards).
+    (do not touch the passed-in ones afterwards). ``eod``: the batches are packed
+    documents ended by this token (:func:`forward`); one compile serves any packing.
     """
     _check_cfg(cfg)
     _attention_fns(cfg, attention)  # fail now, not inside jit, on a bad mode / backend
 
     def step(params, opt_state, tokens, labels, weights):
-        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, labels, weights, cfg, attention)
+        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, labels, weights, cfg, attention, eod)
         params, opt_state = adam_update(params, grads, opt_state, lr)
         return params, opt_state, loss
 
     return jax.jit(step, donate_argnums=(0, 1) if donate else ())
+
+
+# -----------------------------------------------------------------------------
+# decode with a KV cache
+# -----------------------------------------------------------------------------
+
+
+def init_cache(cfg: GPTConfig, batch: int, length: int | None = None) -> dict:
+    """An empty KV cache for ``batch`` rows of up to ``length`` tokens (default ``cfg.seq_len``).
+
+    ``{"k": [L x [B, length, H, D]], "v": likewise, "pos": int32 [B]}`` in the compute
+    dtype; ``pos`` is the number of tokens cached so far in each row.
+    """
+    _check_cfg(cfg)
+    length = cfg.seq_len if length is None else length
+    if not 0 < length <= cfg.seq_len:
+        raise ValueError(f"length must be in [1, cfg.seq_len = {cfg.seq_len}], got {length}")
+    shape = (batch, length, cfg.heads, cfg.width // cfg.heads)
+    zeros = [jnp.zeros(shape, cfg.dtype) for _ in range(cfg.layers)]
+    return {"k": zeros, "v": list(zeros), "pos": jnp.zeros((batch,), jnp.int32)}
+
+
+def _write(cache: jax.Array, new: jax.Array, pos: jax.Array) -> jax.Array:
+    """``cache [B, L, H, D]`` with ``new [B, T, H, D]`` written at rows ``pos[b] ..`` of each batch row."""
+    return jax.vmap(lambda c, x, p: lax.dynamic_update_slice_in_dim(c, x, p, axis=0))(cache, new, pos)
+
+
+def extend(params: dict, cache: dict, tokens: jax.Array, cfg: GPTConfig) -> tuple[jax.Array, dict]:
+    """Runs ``T`` new tokens ``[B, T]`` after the cached ones: ``(logits [B, T, vocab], cache)``.
+
+    A prompt (``T`` tokens into an empty cache), then one token a step. The new
+    queries sit at positions ``cache["pos"] + i``: splat gets ``q_offset =
+    cache["pos"]`` (the static mask is applied at those rows) and
+    ``key_value_seq_lengths = cache["pos"] + T`` (the empty cache slots are not
+    seen). The logits equal :func:`forward`'s at the same positions. Splat
+    attention only; jit it with ``cfg`` static (one compile per ``T``). The
+    caller keeps ``cache["pos"] + T`` within the cache's length.
+    """
+    _check_forward(params, tokens, cfg, cache["k"][0].shape[1])
+    dt = jnp.dtype(cfg.dtype)
+    t, pos = tokens.shape[1], cache["pos"]
+    emb, x = _embed(params, tokens, pos[:, None] + jnp.arange(t), dt)
+    new = {"k": [], "v": [], "pos": pos + t}
+    for i, (p, m) in enumerate(zip(params["blocks"], layer_masks(cfg), strict=True)):
+
+        def attend(q, k, v, i=i, m=m):
+            ck, cv = _write(cache["k"][i], k, pos), _write(cache["v"][i], v, pos)
+            new["k"].append(ck)
+            new["v"].append(cv)
+            return splat.attention(q, ck, cv, mask=m, q_offset=pos, key_value_seq_lengths=pos + t)
+
+        x = _block(x, p, attend, dt)
+    return _logits(params, x, emb, dt), new
+
+
+extend_jit = jax.jit(extend, static_argnums=3)
+"""``jax.jit(extend)`` with ``cfg`` static: one compile per ``(T, cache length)``, shared by all callers."""
+
+
+def generate(params: dict, prompt: jax.Array, cfg: GPTConfig, steps: int) -> jax.Array:
+    """Greedy decoding: ``prompt [B, P]`` followed by ``steps`` generated tokens, ``[B, P + steps]``.
+
+    The prompt runs once through :func:`extend`, then one token a step against the cache
+    (:data:`extend_jit`: two compiles, the prompt's and the step's, reused by later calls
+    of the same sizes).
+    """
+    if prompt.shape[1] + steps > cfg.seq_len:
+        raise ValueError(f"prompt length + steps must be <= cfg.seq_len = {cfg.seq_len}")
+    run = extend_jit
+    cache = init_cache(cfg, prompt.shape[0], prompt.shape[1] + steps)
+    logits, cache = run(params, cache, prompt, cfg)
+    out = [prompt]
+    for i in range(steps):
+        out.append(jnp.argmax(logits[:, -1:], axis=-1).astype(jnp.int32))
+        if i + 1 < steps:
+            logits, cache = run(params, cache, out[-1], cfg)
+    return jnp.concatenate(out, axis=1)

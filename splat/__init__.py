@@ -17,6 +17,7 @@ from splat import (
 )
 from splat._analyzer import Report, analyze, report
 from splat._attention import attention, sddmm, softmax, spmm
+from splat._buckets import bucket_length, pad_to_bucket
 from splat._decorator import SparseAttentionFallbackWarning, sparse_attention
 from splat._neighborhood_attention import neighborhood_attention
 from splat._sparsify import SparsifyWarning, sparsify
@@ -29,9 +30,11 @@ __all__ = [
     "SparsifyWarning",
     "analyze",
     "attention",
+    "bucket_length",
     "flax",
     "masks",
     "neighborhood_attention",
+    "pad_to_bucket",
     "report",
     "sddmm",
     "softmax",

@@ -8,6 +8,17 @@ function returned here accepts exactly that, folds the batch axes into one and
 calls :func:`splat.attention`. Flax itself is imported only for the fallback
 (``pip install splat[flax]``).
 
+Decode (``MultiHeadAttention(decode=True)``, one token a call against the KV
+cache): Flax passes the new token's query ``[batch..., 1, heads, head_dim]``,
+the whole cache as key and value ``[batch..., max_length, kv_heads, head_dim]``
+and a mask ``arange(max_length) <= cache_index`` (AND-ed with the call's own
+``mask``). The hook reads the query's position off that mask -- the last key it
+may see -- and applies the layer's mask at that row (``q_offset``), with the
+keys past it unseen (``key_value_seq_lengths``). So a step of ``decode=True``
+equals the same row of the full-sequence call, under ``jit`` or not, with one
+compile for every step. See :mod:`splat._call_args` for the rule and its one
+caveat (a mask that hides the new token's own key misplaces it).
+
 Example:
   >>> import flax.nnx as nnx, splat, splat.flax
   >>> mha = nnx.MultiHeadAttention(num_heads=2, in_features=16, decode=False,
@@ -34,8 +45,9 @@ def attention_fn(mask: Any = None, backend: str = "auto", *, fallback: bool = Fa
       backend: one of ``jax_bindings.BACKENDS`` (see :func:`splat.attention`).
       fallback: when a call asks for what splat cannot do (an attention
         ``bias``, dropout during training, ``sow_weights``, a traced or per-head
-        ``mask``), False raises ``ValueError`` naming it; True runs
-        ``flax.nnx.dot_product_attention`` instead and warns once.
+        ``mask`` that varies along the query axis), False raises
+        ``ValueError`` naming it; True runs ``flax.nnx.dot_product_attention``
+        with the layer's ``mask`` (as a dense array) instead and warns once.
 
     Returns:
       ``fn(query, key, value, bias=None, mask=None, broadcast_dropout=True,
@@ -44,9 +56,22 @@ def attention_fn(mask: Any = None, backend: str = "auto", *, fallback: bool = Fa
       ``query: [batch..., q_len, heads, head_dim]``, ``key``/``value``:
       ``[batch..., kv_len, kv_heads, head_dim]``; returns
       ``[batch..., q_len, heads, head_dim]``. Call-time ``mask`` and
-      ``is_causal`` are intersected with ``mask``; further keywords are
-      honoured or refused as :mod:`splat._call_args` lists. A query row left
-      with no key outputs 0 (flax's dense attention would give mean(V) there).
+      ``is_causal`` are intersected with ``mask`` (a traced key padding
+      mask ``[batch..., 1, 1, kv_len]`` at run time); a decode step
+      (``decode=True``) applies ``mask`` at the cached token's position;
+      further keywords are honoured or refused as :mod:`splat._call_args`
+      lists. A query row left with no key outputs 0 (flax's dense attention
+      would give mean(V) there).
+
+    Example:
+      >>> import flax.nnx as nnx, jax.numpy as jnp, splat, splat.flax
+      >>> mha = nnx.MultiHeadAttention(num_heads=2, in_features=16, decode=True,
+      ...     attention_fn=splat.flax.attention_fn(splat.masks.sliding_window(7, 0)),
+      ...     rngs=nnx.Rngs(0))
+      >>> mha.init_cache((1, 32, 16))
+      >>> y = mha(jnp.ones((1, 1, 16)))   # token 0; the next call is token 1, ...
+      >>> y.shape
+      (1, 1, 16)
     """
     from splat._call_args import CallChecker
 
@@ -72,10 +97,13 @@ def attention_fn(mask: Any = None, backend: str = "auto", *, fallback: bool = Fa
     ):
         def dense():
             import flax.nnx as nnx
+            import jax.numpy as jnp
 
             kw = {} if promote_dtype is None else {"promote_dtype": promote_dtype}
+            own = checker.own_mask_dense(query, key, call)  # the layer's mask: dense attention lacks it
+            m = own if mask is None else mask if own is None else jnp.logical_and(mask, own)
             return nnx.dot_product_attention(
-                query, key, value, bias, mask, broadcast_dropout, dropout_rng, dropout_rate,
+                query, key, value, bias, m, broadcast_dropout, dropout_rng, dropout_rate,
                 deterministic, dtype, precision, module, is_causal=is_causal, **kw,
             )  # fmt: skip
 

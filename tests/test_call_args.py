@@ -91,8 +91,6 @@ _REFUSED = [
     ({"dropout_rate": 0.1, "deterministic": False}, "`dropout_rate`"),
     ({"module": object()}, "`module`"),
     ({"return_residual": True}, "`return_residual`"),
-    ({"query_seq_lengths": jnp.full((B,), S)}, "`query_seq_lengths`"),
-    ({"key_value_seq_lengths": jnp.full((B,), S)}, "`key_value_seq_lengths`"),
     ({"mask": np.stack([I >= J, I <= J])[None]}, "`mask` differs across batch or heads"),
     ({"soft_cap": 30.0}, "`soft_cap`=30.0 is not understood"),
 ]
@@ -117,9 +115,53 @@ def test_traced_call_mask_is_refused():
         jax.jit(lambda m: chk(q, k, v, {"mask": m}, {}, _dense_must_not_run))(jnp.asarray(I >= J))
 
 
+@pytest.mark.parametrize("jit", [False, True])
+def test_decode_step_sits_at_the_last_visible_key(jit):
+    """One query against a longer key sequence with a key mask: the static mask's row is that position."""
+    q, k, v = _qkv(14)
+    q = q[:, :1]
+    pos = np.array([5, 17])
+    valid = J[0][None] <= pos[:, None]  # [B, S]: Flax's decode mask, arange(S) <= cache index
+    valid[1, :3] = False  # and a left-padded row
+    chk = _checker(masks.sliding_window(4, 0))
+    run = jax.jit(lambda m: chk(q, k, v, {"mask": m}, {}, _dense_must_not_run)) if jit else (
+        lambda m: chk(q, k, v, {"mask": m}, {}, _dense_must_not_run))  # fmt: skip
+    out = run(jnp.asarray(valid)[:, None, None, :])
+    for b in range(B):
+        keep = ((pos[b] - J[0] <= 4) & (J[0] <= pos[b]) & valid[b])[None]
+        want = _ref64(q[b : b + 1], k[b : b + 1], v[b : b + 1], keep)
+        np.testing.assert_allclose(np.asarray(out[b : b + 1]), want, rtol=1e-4, atol=1e-5)
+    # key_value_seq_lengths alone places it too (jax.nn's decode convention)
+    out = chk(q, k, v, {"key_value_seq_lengths": jnp.asarray(pos + 1)}, {}, _dense_must_not_run)
+    for b in range(B):
+        keep = ((pos[b] - J[0] <= 4) & (J[0] <= pos[b]))[None]
+        want = _ref64(q[b : b + 1], k[b : b + 1], v[b : b + 1], keep)
+        np.testing.assert_allclose(np.asarray(out[b : b + 1]), want, rtol=1e-4, atol=1e-5)
+
+
+def test_lengths_and_key_masks_per_batch_row():
+    q, k, v = _qkv(15)
+    chk = _checker(masks.causal())
+    valid = np.ones((B, S), bool)
+    valid[0, 4:9] = False  # a concrete mask that differs across rows: applied at run time
+    call = {"mask": valid[:, None, None, :], "query_seq_lengths": np.array([S, 10], np.int32)}
+    out = np.asarray(chk(q, k, v, call, {}, _dense_must_not_run))
+    for b in range(B):
+        want = _ref64(q[b : b + 1], k[b : b + 1], v[b : b + 1], (J <= I) & valid[b][None])[0]
+        n = S if b == 0 else 10
+        np.testing.assert_allclose(out[b, :n], want[:n], rtol=1e-4, atol=1e-5)
+        assert np.abs(out[b, n:]).sum() == 0
+
+
 @pytest.mark.parametrize(
     "call, match",
     [
+        ({"query_seq_lengths": jnp.full((B + 1,), S)}, r"`query_seq_lengths` must have shape \(2,\)"),
+        ({"key_value_seq_lengths": jnp.full((B,), 3.0)}, "`key_value_seq_lengths` must be an int array"),
+        (
+            {"mask": np.ones((3, 1, 1, S), bool) & (np.arange(3) > 0)[:, None, None, None]},
+            "does not broadcast to the batch axes",
+        ),
         ({"mask": (I >= J).astype(np.int32)}, "`mask` must be a boolean array"),
         ({"mask": np.ones((S, S + 1), bool)}, r"`mask` of shape \(24, 25\) does not broadcast"),
         ({"mask": np.ones(S, bool)}, "`mask` must be broadcastable"),

@@ -114,13 +114,27 @@ def test_array_and_function_masks_and_short_signature():
     np.testing.assert_allclose(np.asarray(attn2(q, k, v)), _ref64(q, k, v, WINDOW), rtol=1e-4, atol=1e-5)
 
 
+def test_seq_lengths_honoured():
+    """jax.nn's query_seq_lengths / key_value_seq_lengths run through splat's runtime lengths."""
+    q, k, v = _qkv(5)
+    attn = sparse_attention(mask=masks.causal())(dense)
+    qlen, kvlen = jnp.asarray([S, 30]), jnp.asarray([20, S])
+    out = np.asarray(
+        jax.jit(lambda q, a, b: attn(q, k, v, query_seq_lengths=a, key_value_seq_lengths=b))(q, qlen, kvlen)
+    )
+    for b in range(B):
+        keep = (J <= I) & (J < int(kvlen[b]))
+        want = _ref64(q[b : b + 1], k[b : b + 1], v[b : b + 1], keep)[0]
+        rows = slice(0, int(qlen[b]))
+        np.testing.assert_allclose(out[b, rows], want[rows], rtol=1e-4, atol=1e-5)
+        assert np.abs(out[b, int(qlen[b]) :]).sum() == 0  # padded queries output 0
+
+
 def test_unsupported_arguments_raise_naming_them():
     q, k, v = _qkv(4)
     attn = sparse_attention(mask=masks.causal())(dense)
     with pytest.raises(ValueError, match="`bias`"):
         attn(q, k, v, bias=jnp.zeros((1, 1, S, S)))
-    with pytest.raises(ValueError, match="`key_value_seq_lengths`"):
-        attn(q, k, v, key_value_seq_lengths=jnp.full((B,), S, jnp.int32))
     with pytest.raises(ValueError, match="traced"):
         jax.jit(lambda q, m: attn(q, k, v, mask=m))(q, jnp.asarray(WINDOW)[None, None])
     per_head = np.stack([WINDOW, ~WINDOW | (I == J)])[None]

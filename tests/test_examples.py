@@ -13,6 +13,7 @@ import pytest
 
 from examples import bench_train, gpt_jax
 from examples import train as train_mod
+from examples.common import make_packed_batch
 from examples.models import GPTConfig, LongformerConfig, build
 from examples.train import loss_fn, make_batch, train
 
@@ -197,3 +198,76 @@ def test_config_validation():
         GPTConfig(width=30, heads=4)
     with pytest.raises(ValueError, match="attention"):
         build(GPT_CFG, "sparse")
+
+
+# -- gpt_jax: packed documents and decode with a KV cache -----------------------------------------------
+
+
+# float32 logits of two computations that differ in kernels or shapes (GPUs run float32 matmuls in TF32)
+_TOL = 1e-5 if jax.default_backend() == "cpu" else 3e-3
+
+
+def test_document_ids():
+    tokens = jnp.asarray([[0, 5, 6, 0, 7, 8, 9, 0], [5, 5, 5, 5, 5, 0, 0, 6]])
+    seg, pos = gpt_jax.document_ids(tokens, eod=0)
+    assert seg.tolist() == [[0, 1, 1, 1, 2, 2, 2, 2], [0, 0, 0, 0, 0, 0, 1, 2]]
+    assert pos.tolist() == [[0, 0, 1, 2, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5, 0, 0]]
+
+
+def test_packed_documents_are_independent(rng):
+    """A packed row's logits equal each document's logits run alone (document-causal, positions reset)."""
+    cfg = GPT_CFG
+    params = gpt_jax.init_params(cfg, seed=int(rng.integers(1 << 20)))
+    tokens, _, _ = make_packed_batch(cfg, rng, 2)
+    fwd = jax.jit(gpt_jax.forward, static_argnums=(2, 3), static_argnames="eod")
+    got = np.asarray(fwd(params, jnp.asarray(tokens), cfg, "splat", eod=0))
+    np.testing.assert_allclose(
+        np.asarray(fwd(params, jnp.asarray(tokens), cfg, "xla", eod=0)), got, rtol=_TOL, atol=_TOL
+    )  # the dense twin with a [B, 1, S, S] document mask
+    seg = np.asarray(gpt_jax.document_ids(jnp.asarray(tokens), 0)[0])
+    docs = [(b, seg[b] == d) for b in range(2) for d in range(seg[b].max() + 1)]
+    assert len(docs) >= 5
+    # each document alone at the start of a row of its own (what follows it cannot reach it: causal)
+    alone = np.full((len(docs), cfg.seq_len), 1, np.int32)
+    for r, (b, cols) in enumerate(docs):
+        alone[r, : cols.sum()] = tokens[b, cols]
+    alone_logits = np.asarray(fwd(params, jnp.asarray(alone), cfg, "splat"))
+    for r, (b, cols) in enumerate(docs):
+        np.testing.assert_allclose(alone_logits[r, : cols.sum()], got[b, cols], rtol=_TOL, atol=_TOL)
+    unpacked = np.asarray(fwd(params, jnp.asarray(tokens), cfg, "splat"))  # without eod: it differs
+    assert np.abs(unpacked - got).max() > 1e-2
+
+
+def test_gpt_jax_trains_on_packed_documents(rng):
+    step = gpt_jax.make_train_step(GPT_CFG, "splat", lr=3e-3, eod=0)
+    params = gpt_jax.init_params(GPT_CFG, seed=int(rng.integers(1 << 20)))
+    opt_state = gpt_jax.adam_init(params)
+    losses = []
+    for _ in range(20):
+        params, opt_state, loss = step(params, opt_state, *make_packed_batch(GPT_CFG, rng, 4))
+        losses.append(float(loss))
+    assert np.all(np.isfinite(losses))
+    assert np.mean(losses[-5:]) < losses[0] - 0.2, losses
+    assert step._cache_size() == 1  # one compile for every packing
+
+
+def test_decode_with_kv_cache_matches_full_logits(rng):
+    """Prompt, then one token a step through the cache (q_offset): the full-sequence logits at every step."""
+    cfg = GPT_CFG
+    params = gpt_jax.init_params(cfg, seed=int(rng.integers(1 << 20)))
+    tokens = jnp.asarray(rng.integers(0, cfg.vocab, size=(2, 24)), jnp.int32)  # > window: the window slides
+    fwd = jax.jit(gpt_jax.forward, static_argnums=(2, 3))
+    want = np.asarray(fwd(params, tokens, cfg, "splat"))
+    run = gpt_jax.extend_jit
+    cache = gpt_jax.init_cache(cfg, 2, 24)
+    logits, cache = run(params, cache, tokens[:, :5], cfg)  # the prompt
+    got = [logits]
+    for i in range(5, 24):
+        logits, cache = run(params, cache, tokens[:, i : i + 1], cfg)
+        got.append(logits)
+    np.testing.assert_allclose(np.concatenate(got, axis=1), want, rtol=_TOL, atol=_TOL)
+    assert cache["pos"].tolist() == [24, 24]
+
+    out = gpt_jax.generate(params, tokens[:, :5], cfg, steps=19)  # the same shapes: no new compile
+    full = np.asarray(fwd(params, out, cfg, "splat"))
+    np.testing.assert_array_equal(np.asarray(out[:, 5:]), full[:, 4:-1].argmax(-1))  # greedy, teacher-forced

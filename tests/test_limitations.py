@@ -65,15 +65,6 @@ def _sparsify_padding():
     return position_window(q, k, v, jnp.array([30, 64]))
 
 
-def _decorator_lengths():
-    @splat.sparse_attention(mask=masks.causal())
-    def attn(query, key, value, bias=None, mask=None, *, query_seq_lengths=None, key_value_seq_lengths=None):
-        return jax.nn.dot_product_attention(query, key, value, bias, mask)
-
-    q, k, v = _qkv()
-    return attn(q, k, v, key_value_seq_lengths=jnp.array([30, 64]))
-
-
 def _decorator_bias():
     @splat.sparse_attention(mask=masks.causal())
     def attn(query, key, value, bias=None, mask=None):
@@ -114,7 +105,6 @@ RAISED = {
     "per-head, decorator": (_decorator_per_head_mask, ValueError, "`mask` differs across batch or heads"),
     "traced mask": (_traced_mask, TypeError, "mask is a traced jax value"),
     "traced mask, advice": (_traced_mask, TypeError, "@splat.sparsify"),
-    "sequence lengths": (_decorator_lengths, ValueError, "(per-batch lengths) is not supported by splat"),
     "bias": (_decorator_bias, ValueError, "`bias` (an additive bias) is not supported by splat"),
     "triton head dim": (
         _triton_head_dim,
