@@ -49,6 +49,36 @@ def main() -> None:
         print(f"{name:18s} 7 kernels ok (fused vs unfused {err:.1e})")
     print(f"{launched} launches over {len(CASES)} layouts")
     print(f"{tuned_configs()} launches of the tuned tile configs")
+    print(f"{runtime_masks()} launches with runtime masks and a soft cap")
+
+
+def runtime_masks() -> int:
+    """The fused kernels with each runtime mask (lengths, sorted ids, unsorted ids) and a soft cap,
+    on the interpreter suite's layouts of every walk; returns launches."""
+    from tests.test_triton_runtime import _operands, _runtime_case
+
+    launched = 0
+    cases = [("causal_window", "sorted_ids"), ("strided", "lengths"), ("varying_stride", "unsorted_ids"),
+             ("strided_residual", "sorted_ids"), ("masked_rows", "lengths")]  # fmt: skip
+    for name, kind in cases:
+        layout = _layout(name)
+        rt, _ = _runtime_case(kind, layout.q_len, layout.kv_len, np.random.default_rng(2))
+        arrays = _inputs(layout, seed=1, B=2, H=2, Hkv=1, D=64, dtype=np.float16)
+        q, k, v, do = (torch.from_numpy(a).cuda() for a in arrays)
+        rq = [torch.from_numpy(x).cuda() for x in _operands(rt, keys=False)]
+        rk = [torch.from_numpy(x).cuda() for x in _operands(rt, keys=True)]
+        kind_name = "ranges" if rt.q_ids is None else "ids"
+        kw = dict(runtime=kind_name, soft_cap=3.0)
+        out, lse = run_torch(cg.fwd_call(layout, q.shape, k.shape, "float16", 0.125, **kw), q, k, v, *rq)
+        cq, ck = cg.bwd_calls(layout, q.shape, k.shape, "float16", 0.125, **kw)
+        dq, delta = run_torch(cq, q, k, v, do, out, lse, *rq)
+        dk, dv = run_torch(ck, q, k, v, do, lse, delta, *rk)
+        torch.cuda.synchronize()
+        launched += 3
+        for what, t in (("out", out), ("dq", dq), ("dk", dk), ("dv", dv)):
+            assert torch.isfinite(t.float()).all(), f"{name}/{kind}: non-finite {what}"
+        print(f"{name:18s} {kind:13s} 3 kernels ok")
+    return launched
 
 
 def tuned_configs() -> int:

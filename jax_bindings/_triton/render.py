@@ -14,6 +14,7 @@ static asserts), the tile functions and the header are shared.
 
 from __future__ import annotations
 
+import math
 import textwrap
 
 from acsr import Law
@@ -183,10 +184,11 @@ def _runtime_prologue(spec: KernelSpec) -> list[str]:
             f"id_lo = tl.min(tl.where(rok, rid, {_BIG}), 0)",
             f"id_hi = tl.max(tl.where(rok, rid, -{_BIG}), 0)",
             "exact = tl.load(RtExact + b) != 0",
-            "rt_lo = tl.where(exact, _count_ids(CIb, id_lo, False), 0)",
-            "rt_hi = tl.where(exact, tl.minimum(_count_ids(CIb, id_hi, True), rt_hi), rt_hi)",
-            "rt_in_lo = tl.where(exact, tl.maximum(_count_ids(CIb, id_hi, False), rt_in_lo), COLS)",
-            "rt_in_hi = tl.where(exact, tl.minimum(_count_ids(CIb, id_lo, True), rt_in_hi), 0)",
+            "first_lo, end_hi, first_hi, end_lo = _document_bounds(CIb, id_lo, id_hi)",
+            "rt_lo = tl.where(exact, first_lo, 0)",
+            "rt_hi = tl.where(exact, tl.minimum(end_hi, rt_hi), rt_hi)",
+            "rt_in_lo = tl.where(exact, tl.maximum(first_hi, rt_in_lo), COLS)",
+            "rt_in_hi = tl.where(exact, tl.minimum(end_lo, rt_in_hi), 0)",
         ]
     else:
         L += ["rid = rok", "CIb = RtExact"]  # unused (RT == 1)
@@ -314,7 +316,7 @@ def _pow2(n: int) -> int:
 def _header(spec: KernelSpec) -> str:
     q_len, kv_len = (spec.cols, spec.rows) if spec.op == "bwd_dkdv" else (spec.rows, spec.cols)
     H, HKV, D = spec.num_heads, spec.num_kv_heads, spec.head_dim
-    p1 = min(_pow2(spec.cols), 256)
+    p1 = min(256, max(16, _pow2(math.isqrt(spec.cols - 1) + 1)))  # ~sqrt(COLS) probes
     step = -(-spec.cols // p1)
     p2 = max(2, _pow2(step))
     segs = (
@@ -354,7 +356,7 @@ def _header(spec: KernelSpec) -> str:
         #                (RowIds [B, ROWS] == ColIds [B, COLS]); [rt_lo, rt_hi) bounds the tiles
         #                walked; rtp: the tile is not inside [rt_in_lo, rt_in_hi) and is masked
         #   CAPF         SCALE / logits soft cap (0: none): scores become tanh(s * CAPF) / CAPF
-        #   SEARCH_*     _count_ids' two-level search of sorted ColIds: SEARCH_P1 probes every
+        #   SEARCH_*     _document_bounds' two-level search of sorted ColIds: SEARCH_P1 probes every
         #                SEARCH_STEP ids, then SEARCH_P2 (>= SEARCH_STEP) ids of one stretch
         import triton
         import triton.language as tl
@@ -409,20 +411,30 @@ def _runtime_keep(cols, rok, cn, rid, CIb, RT: tl.constexpr):
 
 
 @triton.jit
-def _count_ids(Ids, x, INCLUSIVE: tl.constexpr):
-    """How many of the sorted Ids[0:COLS] are < x (<= x if INCLUSIVE): two gathers, no loop.
-
-    Probe every SEARCH_STEP-th id, count those below x (c), then count inside the one stretch
-    [(c - 1) * SEARCH_STEP, c * SEARCH_STEP) where the answer lies."""
-    i1 = tl.arange(0, SEARCH_P1) * SEARCH_STEP
-    v1 = tl.load(Ids + i1, mask=i1 < COLS, other=0)
-    below1 = ((v1 <= x) if INCLUSIVE else (v1 < x)) & (i1 < COLS)
-    base = tl.maximum(tl.sum(below1.to(tl.int32), 0) - 1, 0) * SEARCH_STEP
+def _count_in_stretch(Ids, c1, x, INCLUSIVE: tl.constexpr):
+    """How many of the sorted Ids[0:COLS] are < x (<= x if INCLUSIVE), given c1 = how many probes are."""
+    base = tl.maximum(c1 - 1, 0) * SEARCH_STEP
     i2 = base + tl.arange(0, SEARCH_P2)
     ok = (i2 < COLS) & (i2 < base + SEARCH_STEP)
     v2 = tl.load(Ids + i2, mask=ok, other=0)
-    below2 = ((v2 <= x) if INCLUSIVE else (v2 < x)) & ok
-    return base + tl.sum(below2.to(tl.int32), 0)
+    below = ((v2 <= x) if INCLUSIVE else (v2 < x)) & ok
+    return base + tl.sum(below.to(tl.int32), 0)
+
+
+@triton.jit
+def _document_bounds(Ids, id_lo, id_hi):
+    """Over the sorted Ids[0:COLS]: (#ids < id_lo, #ids <= id_hi, #ids < id_hi, #ids <= id_lo).
+
+    A two-level search with no loop: one gather probes every SEARCH_STEP-th id (SEARCH_P1 probes)
+    and locates each answer in one stretch of SEARCH_STEP ids, a second gather counts inside it."""
+    i1 = tl.arange(0, SEARCH_P1) * SEARCH_STEP
+    v1 = tl.load(Ids + i1, mask=i1 < COLS, other=0)
+    ok = i1 < COLS
+    a = _count_in_stretch(Ids, tl.sum(((v1 < id_lo) & ok).to(tl.int32), 0), id_lo, False)
+    b = _count_in_stretch(Ids, tl.sum(((v1 <= id_hi) & ok).to(tl.int32), 0), id_hi, True)
+    c = _count_in_stretch(Ids, tl.sum(((v1 < id_hi) & ok).to(tl.int32), 0), id_hi, False)
+    d = _count_in_stretch(Ids, tl.sum(((v1 <= id_lo) & ok).to(tl.int32), 0), id_lo, True)
+    return a, b, c, d
 
 
 @triton.jit
