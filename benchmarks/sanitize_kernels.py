@@ -55,7 +55,10 @@ def main() -> None:
 def runtime_masks() -> int:
     """The fused kernels with each runtime mask (lengths, sorted ids, unsorted ids) and a soft cap,
     on the interpreter suite's layouts of every walk; returns launches."""
-    from tests.test_triton_runtime import _operands, _runtime_case
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+    from test_triton_runtime import _operands, _runtime_case  # imports like pytest does (tests/ on the path)
 
     launched = 0
     cases = [("causal_window", "sorted_ids"), ("strided", "lengths"), ("varying_stride", "unsorted_ids"),
