@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_bindings
+import splat
 from jax_bindings import _runtime
 from splat import masks
 from splat.tools import timing
@@ -38,12 +39,37 @@ def _tiles(ids: np.ndarray, bm: int, bn: int) -> tuple[int, int]:
     return causal, doc
 
 
+def _time(fn, *args) -> float:
+    """Median ms per call of ``fn``, 10 calls chained in one jitted program, synced on the last."""
+    chained = jax.jit(timing.chain(fn, 10, {0: 0}))
+    last = [chained(*args)]
+    jax.block_until_ready(last[0])
+
+    def launch():
+        last[0] = chained(*args)
+
+    t = timing.time_call(
+        None,
+        2,
+        5,
+        launch=launch,
+        sync=lambda: jax.block_until_ready(last[0]),
+        per_sample=10,
+        calls_per_launch=10,
+    )
+    return t["ms"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seq-len", type=int, default=8192)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--tiles", nargs="*", default=[], help="forward tile configs bm,bn,warps,stages to try")
+    ap.add_argument(
+        "--decode", nargs="*", type=int, default=[], help="KV cache lengths to time one decode step at"
+    )
     a = ap.parse_args()
     b, s, h, d = a.batch, a.seq_len, a.heads, 128
     rng = np.random.default_rng(0)
@@ -66,19 +92,43 @@ def main() -> None:
             rt = None if kw is None else _runtime.build(b, s, s, **kw)
             return jax_bindings.attention_with_lse(q, k, v, layout, scale, "triton", runtime=rt)[0]
 
-        chained = jax.jit(timing.chain(fwd, 10, {0: 0}))
-        last = [chained(q, k, v)]
-        jax.block_until_ready(last[0])
+        ms = _time(fwd, q, k, v)
+        rows.append({"case": name, "ms": ms})
+        print(f"{name:24s} {ms:.3f} ms", flush=True)
+    # forward tile configs on the sorted-ids case (the heuristic / tuned one is the first row above)
+    from jax_bindings._triton import spec as _spec
 
-        def launch(chained=chained, last=last):
-            last[0] = chained(q, k, v)
+    tiles_for = _spec.tiles_for
+    ids_kw = dict(segment_ids=jnp.asarray(ids))
+    for cfg in a.tiles:
+        bm, bn, w, st = (int(x) for x in cfg.split(","))
+        _spec.tiles_for = lambda op, *args, cfg=(bm, bn, w, st): (
+            _spec.Tiles.of(cfg) if op == "fwd" else tiles_for(op, *args)
+        )
+        _spec._plan_cached.cache_clear()
+        jax.clear_caches()
 
-        t = timing.time_call(
-            None, 2, 5, launch=launch, sync=lambda last=last: jax.block_until_ready(last[0]),
-            per_sample=10, calls_per_launch=10,
-        )  # fmt: skip
-        rows.append({"case": name, "ms": t["ms"]})
-        print(f"{name:24s} {t['ms']:.3f} ms", flush=True)
+        def fwd(q, k, v):
+            rt = _runtime.build(b, s, s, **ids_kw)
+            return jax_bindings.attention_with_lse(q, k, v, layout, scale, "triton", runtime=rt)[0]
+
+        ms = _time(fwd, q, k, v)
+        rows.append({"case": f"doc ids, fwd tiles {cfg}", "ms": ms})
+        print(f"doc ids, tiles {cfg:14s} {ms:.3f} ms", flush=True)
+    _spec.tiles_for = tiles_for
+    # decode: one query per batch row against a KV cache (q_offset: the pure-JAX path on every backend)
+    for kv in a.decode:
+        kc, vc = (jnp.asarray(rng.standard_normal((b, kv, h // 2, d)), jnp.bfloat16) for _ in range(2))
+        q1 = q[:, :1]
+        for name, mask in (("causal", masks.causal()), ("window 4096", masks.sliding_window(4095, 0))):
+
+            def step(q1, kc, vc, mask=mask, kv=kv):
+                pos = jnp.full((b,), kv - 1)
+                return splat.attention(q1, kc, vc, mask, q_offset=pos, key_value_seq_lengths=pos + 1)
+
+            ms = _time(step, q1, kc, vc)
+            rows.append({"case": f"decode {name}", "kv_len": kv, "gqa": 2, "ms": ms})
+            print(f"decode {name:12s} kv {kv:7d} (GQA 2) {ms:.3f} ms", flush=True)
     for bm, bn in ((128, 128), (128, 64), (64, 64)):
         c, dc = _tiles(ids, bm, bn)
         print(f"tiles {bm}x{bn}: causal {c}, document-causal {dc} ({dc / c:.2f})")

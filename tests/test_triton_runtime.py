@@ -119,3 +119,11 @@ def test_only_fused_ops_take_a_runtime_mask():
         plan("sddmm", layout, dtype="float32", head_dim=16, num_heads=2, num_kv_heads=1, runtime="ids")
     with pytest.raises(ValueError, match="runtime must be one of"):
         plan("fwd", layout, dtype="float32", head_dim=16, num_heads=2, num_kv_heads=1, runtime="segments")
+
+
+def test_document_forward_takes_its_own_tiles():
+    from jax_bindings._triton.spec import plan
+
+    layout = _layout("causal_window")
+    p = plan("fwd", layout, dtype="bfloat16", head_dim=128, num_heads=2, num_kv_heads=1, runtime="ids")
+    assert (p.spec.block_m, p.spec.block_n, p.spec.num_warps) == (64, 64, 4)
