@@ -153,17 +153,14 @@ def test_listed_fallback_warns_as_the_readme_says(name):
     assert any(text in m for m in messages), messages
 
 
-def test_decode_query_is_top_left_aligned():
-    """No offset argument: one query row under causal() sees key 0 only, as the README warns."""
+def test_q_offset_is_exact_and_named_as_pure_jax_only():
+    """Decode through q_offset gives the full sequence's row; the README says where it runs."""
+    assert _in_readme("a call with `q_offset` (decode, chunked prefill) is refused by them")
     q, k, v = _qkv()
-    assert _in_readme("runs, but its one query sees key 0 only")
-    out = splat.attention(q[:, -1:], k, v, mask=masks.causal())
-    np.testing.assert_allclose(out[:, 0], v[:, 0], rtol=1e-6, atol=1e-6)
-    # the README's workaround for P cached keys is the right mask
     P = S - 1
-    offset = splat.attention(q[:, -1:], k, v, mask=masks.from_fn(lambda i, j: j <= i + P))
+    out = splat.attention(q[:, -1:], k, v, mask=masks.causal(), q_offset=P)
     full = splat.attention(q, k, v, mask=masks.causal())
-    np.testing.assert_allclose(offset[:, 0], full[:, -1], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out[:, 0], full[:, -1], rtol=1e-5, atol=1e-5)
 
 
 def test_neighbourhood_masks_go_to_the_residual():
