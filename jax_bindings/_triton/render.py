@@ -105,10 +105,19 @@ def _ranges(k: int, s: SegSpec, loop: str) -> list[str]:
     return L
 
 
-def _tile_prelude(k: int, s: SegSpec, kind: str, need_slot: bool) -> list[str]:
-    """Lines defining u, cols and (``kind`` "partial", or "full" for the unfused ops) keep, slot."""
+def _tile_prelude(k: int, s: SegSpec, kind: str, need_slot: bool, runtime: bool = False) -> list[str]:
+    """Lines defining u, cols and (``kind`` "partial", or "full" for the unfused ops) keep, slot;
+    with a runtime mask also rtp, whether the tile crosses a row's runtime range."""
     ls = s.stride if s.mode == "aligned" else 1
     L = [f"u = lo{k} + i * BLOCK_N + offs_n", f"cols = ph{k} + {ls} * u" if ls != 1 else "cols = u"]
+    if runtime:
+        c0 = f"ph{k} + {ls} * (lo{k} + i * BLOCK_N)" if ls != 1 else f"lo{k} + i * BLOCK_N"
+        c1 = (
+            f"ph{k} + {ls} * (lo{k} + i * BLOCK_N + BLOCK_N - 1) + 1"
+            if ls != 1
+            else f"lo{k} + i * BLOCK_N + BLOCK_N"
+        )
+        L.append(f"rtp = ({c0} < rt_in_lo) | ({c1} > rt_in_hi)")
     rel = f"u[None, :] - ub{k}[:, None]"
     if kind == "full" and need_slot:
         L.append("keep = valid[:, None]")
@@ -136,25 +145,18 @@ _MASK_ARGS = {
 
 
 def _runtime_tiles(k: int, s: SegSpec) -> list[str]:
-    """Segment k's tiles ra{k} <= i < rb{k} that reach the row block's runtime columns
-    [rt_lo, rt_hi), and ia{k} <= i < ib{k} (a subrange) that lie inside [rt_in_lo, rt_in_hi),
-    seen by every row, so need no runtime mask. Tile i covers compressed columns
-    u in [lo{k} + i * BLOCK_N, +BLOCK_N); col = ph{k} + stride * u for aligned segments."""
-    if s.mode == "aligned":  # the column bounds in compressed columns first
+    """Lines defining ra{k} <= i < rb{k}: segment k's tiles that reach the row block's runtime range."""
+    if s.mode == "aligned":  # col = ph + stride * u: the range in compressed columns first
         st = s.stride
-        L = [
-            f"ua = (tl.maximum(rt_lo - ph{k}, 0) + {st - 1}) // {st}",
-            f"ub = (tl.maximum(rt_hi - ph{k}, 0) + {st - 1}) // {st}",
-            f"ia = (tl.maximum(rt_in_lo - ph{k}, 0) + {st - 1}) // {st}",
-            f"ib = tl.where(rt_in_hi > ph{k}, (rt_in_hi - 1 - ph{k}) // {st} + 1, 0)",
+        return [
+            f"rua = (tl.maximum(rt_lo - ph{k}, 0) + {st - 1}) // {st}",
+            f"rub = (tl.maximum(rt_hi - ph{k}, 0) + {st - 1}) // {st}",
+            f"ra{k} = tl.maximum(rua - lo{k}, 0) // BLOCK_N",
+            f"rb{k} = (tl.maximum(rub - lo{k}, 0) + BLOCK_N - 1) // BLOCK_N",
         ]
-    else:
-        L = ["ua = rt_lo", "ub = rt_hi", "ia = rt_in_lo", "ib = rt_in_hi"]
-    return L + [
-        f"ra{k} = tl.maximum(ua - lo{k}, 0) // BLOCK_N",
-        f"rb{k} = (tl.maximum(ub - lo{k}, 0) + BLOCK_N - 1) // BLOCK_N",
-        f"ia{k} = (tl.maximum(ia - lo{k}, 0) + BLOCK_N - 1) // BLOCK_N",
-        f"ib{k} = tl.maximum(tl.maximum(ib - lo{k}, 0) // BLOCK_N, ia{k})",
+    return [
+        f"ra{k} = tl.maximum(rt_lo - lo{k}, 0) // BLOCK_N",
+        f"rb{k} = (tl.maximum(rt_hi - lo{k}, 0) + BLOCK_N - 1) // BLOCK_N",
     ]
 
 
@@ -193,9 +195,9 @@ def _runtime_prologue(spec: KernelSpec) -> list[str]:
     return L
 
 
-def _runtime_args(spec: KernelSpec, masked: bool, rtp: str = "True") -> str:
-    """The tile functions' runtime-mask arguments; ``masked``: apply the runtime mask where ``rtp``."""
-    if not spec.runtime or not masked:
+def _runtime_args(spec: KernelSpec, rtp: str = "rtp") -> str:
+    """The tile functions' runtime-mask arguments."""
+    if not spec.runtime:
         return "rok=None, cn=None, rid=None, CIb=None, rtp=False, RT=0, CAPF=CAPF"
     rt = 1 if spec.runtime == "ranges" else 2
     return f"rok=rok, cn=cn, rid=rid, CIb=CIb, rtp={rtp}, RT={rt}, CAPF=CAPF"
@@ -218,6 +220,7 @@ def _walk(spec: KernelSpec, call: str, need_slot: bool, res_call: str | None = N
     """
     fused_op = "{MASK}" in call
     runtime = bool(spec.runtime) and fused_op
+    rt_args = ", " + _runtime_args(spec) if fused_op else ""
     L = []
     for k, s in enumerate(spec.segments):
         loop = _loop(spec, s, fused_op)
@@ -228,26 +231,13 @@ def _walk(spec: KernelSpec, call: str, need_slot: bool, res_call: str | None = N
             runs = (("0", f"fa{k}", "partial"), (f"fa{k}", f"fb{k}", "full"), (f"fb{k}", f"nt{k}", "partial"))
         else:
             runs = (("0", f"nt{k}", "lazy" if loop == "fused" else "partial"),)
-        runs = tuple((a, b, kind, runtime) for a, b, kind in runs)
-        if runtime:  # only tiles reaching the runtime columns; those inside every row's range unmasked
+        if runtime:
             L += _runtime_tiles(k, s)
-            clipped = []
-            for a, b, kind, _ in runs:
-                a, b = f"tl.maximum({a}, ra{k})", f"tl.minimum({b}, rb{k})"
-                if kind == "partial":
-                    clipped.append((a, b, kind, True))
-                else:
-                    clipped += [
-                        (a, f"tl.minimum({b}, ia{k})", kind, True),
-                        (f"tl.maximum({a}, ia{k})", f"tl.minimum({b}, ib{k})", kind, False),
-                        (f"tl.maximum({a}, ib{k})", b, kind, True),
-                    ]
-            runs = tuple(clipped)
-        for a, b, kind, masked in runs:
+            runs = tuple((f"tl.maximum({a}, ra{k})", f"tl.minimum({b}, rb{k})", kind) for a, b, kind in runs)
+        for a, b, kind in runs:
             L.append(f"for i in range({a}, {b}):")
-            rt_args = ", " + _runtime_args(spec, masked) if fused_op else ""
             text = call.format(FULL=kind == "full", MASK=_MASK_ARGS[kind].format(k=k) + rt_args)
-            body = _tile_prelude(k, s, kind, need_slot) + [text]
+            body = _tile_prelude(k, s, kind, need_slot, runtime) + [text]
             L += ["    " + x for x in body]
     if spec.residual is not None:
         r = spec.residual
@@ -266,10 +256,10 @@ def _walk(spec: KernelSpec, call: str, need_slot: bool, res_call: str | None = N
         ]
         if need_slot:
             L.append(f"    slot = {r.slot_offset} + j * {r.block_kv} + offs_r[None, :] + 0 * offs_m[:, None]")
-        rt_args = ""
-        if fused_op:
-            rtp = f"(tl.maximum(kbj, 0) * {r.block_kv} < rt_in_lo) | ((tl.maximum(kbj, 0) + 1) * {r.block_kv} > rt_in_hi)"
-            rt_args = ", " + _runtime_args(spec, runtime, rtp)
+        if runtime:
+            L.append(
+                f"    rtp = (tl.maximum(kbj, 0) * {r.block_kv} < rt_in_lo) | ((tl.maximum(kbj, 0) + 1) * {r.block_kv} > rt_in_hi)"
+            )
         L.append("    " + (res_call or call).format(FULL=False, MASK=_MASK_ARGS["partial"] + rt_args))
     return L
 
@@ -364,8 +354,7 @@ def _header(spec: KernelSpec) -> str:
         #   RT           runtime mask (fused ops): 0 none; 1 lengths (rok: rows below RtRowLen[b],
         #                cn = RtColLen[b]: columns at or past it unseen); 2 also segment ids
         #                (RowIds [B, ROWS] == ColIds [B, COLS]); [rt_lo, rt_hi) bounds the tiles
-        #                walked, tiles inside [rt_in_lo, rt_in_hi) run unmasked (RT=0), the others
-        #                masked; rtp: (residual) the block is not inside and is masked
+        #                walked; rtp: the tile is not inside [rt_in_lo, rt_in_hi) and is masked
         #   CAPF         SCALE / logits soft cap (0: none): scores become tanh(s * CAPF) / CAPF
         #   SEARCH_*     _document_bounds' two-level search of sorted ColIds: SEARCH_P1 probes every
         #                SEARCH_STEP ids, then SEARCH_P2 (>= SEARCH_STEP) ids of one stretch
