@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import numbers
 
 import jax
 import jax.numpy as jnp
@@ -58,19 +57,7 @@ def _check_qk(qname: str, q, kname: str, k) -> None:
 
 
 def _check_scale(scale, default: float) -> float:
-    if scale is None:
-        return default
-    if isinstance(scale, jax.core.Tracer):
-        raise TypeError("scale must be a static Python number, not a traced value")
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real | np.ndarray | jax.Array):
-        raise TypeError(f"scale must be a positive finite number, got {type(scale).__name__}")
-    try:
-        s = float(scale)
-    except TypeError as e:
-        raise TypeError(f"scale must be a positive finite number, got {scale!r}") from e
-    if not (math.isfinite(s) and s > 0):
-        raise ValueError(f"scale must be a positive finite number, got {s}")
-    return s
+    return default if scale is None else _runtime_args.positive_number("scale", scale)
 
 
 def _layout(mask, q_len: int, kv_len: int) -> ACSR:

@@ -38,21 +38,24 @@ def _int_array(name: str, x, shape: tuple[int, ...], form: str, *, ids: bool = F
     return jnp.asarray(x)
 
 
+def positive_number(name: str, x) -> float:
+    """A static positive finite number (``scale``, ``logits_soft_cap``), or an error naming ``name``."""
+    if isinstance(x, jax.core.Tracer):
+        raise TypeError(f"{name} must be a static Python number, not a traced value")
+    if isinstance(x, bool) or not isinstance(x, numbers.Real | np.ndarray | jax.Array):
+        raise TypeError(f"{name} must be a positive finite number, got {type(x).__name__}")
+    try:
+        v = float(x)
+    except TypeError as e:
+        raise TypeError(f"{name} must be a positive finite number, got {x!r}") from e
+    if not (math.isfinite(v) and v > 0):
+        raise ValueError(f"{name} must be a positive finite number, got {v}")
+    return v
+
+
 def check_soft_cap(cap) -> float | None:
     """``logits_soft_cap``: None or a static positive finite number."""
-    if cap is None:
-        return None
-    if isinstance(cap, jax.core.Tracer):
-        raise TypeError("logits_soft_cap must be a static Python number, not a traced value")
-    if isinstance(cap, bool) or not isinstance(cap, numbers.Real | np.ndarray | jax.Array):
-        raise TypeError(f"logits_soft_cap must be a positive finite number, got {type(cap).__name__}")
-    try:
-        c = float(cap)
-    except TypeError as e:
-        raise TypeError(f"logits_soft_cap must be a positive finite number, got {cap!r}") from e
-    if not (math.isfinite(c) and c > 0):
-        raise ValueError(f"logits_soft_cap must be a positive finite number, got {c}")
-    return c
+    return None if cap is None else positive_number("logits_soft_cap", cap)
 
 
 def runtime_mask(
