@@ -334,16 +334,16 @@ def _chunk_keys(piece, kf, vf, blk, c):
     return kc, vc, mask, True, cols
 
 
-def _runtime_keep(mask, cols, shared, rt_blk, kv_ids):
+def _runtime_keep(mask, cols, shared, rt_blk, keys):
     """The static ``mask [BQ, BK]`` AND-ed with the runtime mask: ``[B, 1, 1, BQ, BK]`` (or ``mask``).
 
-    ``rt_blk``: ``(row_ok, kv_len, ids)``: whether each of the block's rows is a real query
-    ``[B, BQ]``, the key lengths ``[B]`` and the rows' ids ``[B, BQ]`` (or None); None without a
-    runtime mask. ``kv_ids``: ``[B, Skv']`` or None.
+    ``rt_blk``: ``(row_ok, ids)``: whether each of the block's rows is a real query ``[B, BQ]``
+    and the rows' ids ``[B, BQ]`` (or None); None without a runtime mask. ``keys``: ``(kv_len [B],
+    kv_ids [B, Skv'] or None)`` (:func:`_key_side`).
     """
     if rt_blk is None:
         return mask
-    row_ok, kv_len, ids = rt_blk
+    (row_ok, ids), (kv_len, kv_ids) = rt_blk, keys
     c = cols[None, None, :] if shared else cols[None]  # [1, 1|BQ, BK]
     keep = mask[None] & row_ok[:, :, None] & (c < kv_len[:, None, None])
     if ids is not None:
@@ -375,15 +375,14 @@ def _block_inputs(piece) -> tuple:
 
 
 def _rt_blocks(rt, bq, sq):
-    """The runtime mask per row block: ``(row_ok [nb, B, bq], kv_len [nb, B], ids [nb, B, bq])``."""
+    """The runtime mask's query side per row block: ``(row_ok [nb, B, bq], ids [nb, B, bq])``."""
     if rt is None:
         return None
     row_ok = _blocks(jnp.arange(sq)[None, :] < rt.q_len[:, None], bq, False)
-    ids = None if rt.q_ids is None else _blocks(rt.q_ids, bq)
-    return row_ok, jnp.broadcast_to(rt.kv_len, (row_ok.shape[0], *rt.kv_len.shape)), ids
+    return row_ok, None if rt.q_ids is None else _blocks(rt.q_ids, bq)
 
 
-def _piece_fwd(piece, qs, kf, vf, rt=None, kv_ids=None, soft_cap=None):
+def _piece_fwd(piece, qs, kf, vf, rt=None, keys=None, soft_cap=None):
     """Normalised partial output ``[B, Sq, H, D]`` and logsumexp ``[B, Hk, G, Sq]`` of one piece."""
     b, sq, hk, g, d = qs.shape
     bq = piece.block_q
@@ -398,7 +397,7 @@ def _piece_fwd(piece, qs, kf, vf, rt=None, kv_ids=None, soft_cap=None):
         def body(c, state):
             m, denom, acc = state
             kc, vc, mask, shared, cols = _chunk_keys(piece, kf, vf, blk, c)
-            keep = _runtime_keep(mask, cols, shared, rt_blk, kv_ids)
+            keep = _runtime_keep(mask, cols, shared, rt_blk, keys)
             s = jnp.where(keep, _pure_rows.capped(_scores(q_blk, kc, shared), soft_cap)[0], _NEG_INF)
             m_new = jnp.maximum(m, s.max(axis=-1))
             m_safe = jnp.where(m_new == _NEG_INF, 0.0, m_new)
@@ -426,7 +425,7 @@ def _piece_fwd(piece, qs, kf, vf, rt=None, kv_ids=None, soft_cap=None):
     return _unblocks(out, sq), _row_stats_unblocks(lse, sq)
 
 
-def _piece_bwd(piece, qs, kf, vf, dof, lse, delta, dk, dv, rt=None, kv_ids=None, soft_cap=None):
+def _piece_bwd(piece, qs, kf, vf, dof, lse, delta, dk, dv, rt=None, keys=None, soft_cap=None):
     """Adds one piece's gradients: returns ``dq_s`` (w.r.t. the scaled q) and updated ``dk, dv``."""
     b, sq, hk, g, d = qs.shape
     bq = piece.block_q
@@ -446,7 +445,7 @@ def _piece_bwd(piece, qs, kf, vf, dof, lse, delta, dk, dv, rt=None, kv_ids=None,
         def body(c, state):
             dq, dk, dv = state
             kc, vc, mask, shared, cols = _chunk_keys(piece, kf, vf, blk, c)
-            keep = _runtime_keep(mask, cols, shared, rt_blk, kv_ids)
+            keep = _runtime_keep(mask, cols, shared, rt_blk, keys)
             s, t = _pure_rows.capped(_scores(q_blk, kc, shared), soft_cap)
             p = jnp.where(keep, jnp.exp(jnp.minimum(s - lse_blk[..., None], 0.0)), 0.0)
             dp = _scores(do_blk, vc, shared)
@@ -531,11 +530,13 @@ def _merge(parts, shape):
     return out, lse
 
 
-def _kv_ids(rt, kf):
-    """The runtime key ids padded to ``kf``'s length (the padding is never in a row's range)."""
-    if rt is None or rt.kv_ids is None:
+def _key_side(rt, kf):
+    """The runtime mask's key side: ``(kv_len [B], kv_ids padded to kf's length or None)``; the
+    padding lies past ``kv_len``, so it is never seen."""
+    if rt is None:
         return None
-    return jnp.pad(rt.kv_ids, ((0, 0), (0, kf.shape[1] - rt.kv_ids.shape[1])))
+    ids = None if rt.kv_ids is None else jnp.pad(rt.kv_ids, ((0, 0), (0, kf.shape[1] - rt.kv_ids.shape[1])))
+    return rt.kv_len, ids
 
 
 def attention_fwd(q, k, v, runtime, layout: ACSR, scale: float, soft_cap=None):
@@ -544,8 +545,8 @@ def attention_fwd(q, k, v, runtime, layout: ACSR, scale: float, soft_cap=None):
         return _pure_rows.attention_fwd(q, k, v, runtime, layout, scale, soft_cap)
     b, sq, h, d = q.shape
     qs, kf, vf = _prep(q, k, v, layout, scale)
-    kv_ids = _kv_ids(runtime, kf)
-    parts = [_piece_fwd(p, qs, kf, vf, runtime, kv_ids, soft_cap) for p in _plan(layout)]
+    keys = _key_side(runtime, kf)
+    parts = [_piece_fwd(p, qs, kf, vf, runtime, keys, soft_cap) for p in _plan(layout)]
     out, lse = _merge(parts, qs.shape)
     return out.reshape(b, sq, h, d).astype(q.dtype), lse.reshape(b, h, sq)
 
@@ -558,7 +559,7 @@ def attention_bwd(q, k, v, runtime, out, lse, dout, layout: ACSR, scale: float, 
     skv, hk = k.shape[1], k.shape[2]
     g = h // hk
     qs, kf, vf = _prep(q, k, v, layout, scale)
-    kv_ids = _kv_ids(runtime, kf)
+    keys = _key_side(runtime, kf)
     dof = dout.astype(_F32).reshape(b, sq, hk, g, d)
     delta = jnp.einsum("bshd,bshd->bhs", dout.astype(_F32), out.astype(_F32)).reshape(b, hk, g, sq)
     lse = lse.astype(_F32).reshape(b, hk, g, sq)
@@ -568,7 +569,7 @@ def attention_bwd(q, k, v, runtime, out, lse, dout, layout: ACSR, scale: float, 
     dk = jnp.zeros(kf.shape, _F32)
     dv = jnp.zeros(vf.shape, _F32)
     for p in _plan(layout):
-        dq_p, dk, dv = _piece_bwd(p, qs, kf, vf, dof, lse, delta, dk, dv, runtime, kv_ids, soft_cap)
+        dq_p, dk, dv = _piece_bwd(p, qs, kf, vf, dof, lse, delta, dk, dv, runtime, keys, soft_cap)
         dq = dq + dq_p
     dq = (dq * scale).reshape(b, sq, h, d).astype(q.dtype)
     return dq, dk[:, :skv].astype(k.dtype), dv[:, :skv].astype(v.dtype)

@@ -114,10 +114,11 @@ def _blocked(x, bq, fill):
     return jnp.pad(x, pad, constant_values=fill).reshape(nb, bq, *x.shape[1:])
 
 
-def _block_args(rows: _Rows, pos, lo, hi, ids, bq):
-    """Row blocks of ``(pos, lo, hi, ids)``: ``lo``/``hi`` narrowed to the layout rows' spans."""
-    lo = jnp.maximum(lo, jnp.asarray(rows.lo)[pos])
-    hi = jnp.minimum(hi, jnp.asarray(rows.hi)[pos])
+def _block_args(rows: _Rows, pos, limit, ids, bq):
+    """Row blocks of ``(pos, lo, hi, ids)``: each query's keys ``[lo, hi)``, its layout row's span
+    cut at ``limit`` (the key length, 0 for a padded query)."""
+    lo = jnp.asarray(rows.lo)[pos]
+    hi = jnp.minimum(limit, jnp.asarray(rows.hi)[pos])
     out = (_blocked(pos, bq, 0), _blocked(lo, bq, 0), _blocked(hi, bq, 0))
     return (*out, None if ids is None else _blocked(ids, bq, 0))
 
@@ -142,7 +143,7 @@ def _chunk(rows, kf, vf, kid, blk, first, c):
     return start, kc, vc, keep
 
 
-def _fwd_one(rows, qs, kf, vf, pos, lo, hi, ids, kid, soft_cap):
+def _fwd_one(rows, qs, kf, vf, pos, limit, ids, kid, soft_cap):
     """One batch row: ``qs [Sq, Hk, G, D]`` (scaled), ``kf, vf [Skv + _CHUNK, Hk, D]`` (padded)."""
     sq, hk, g, d = qs.shape
     bq = min(_BLOCK_Q, -(-sq // 8) * 8)
@@ -174,11 +175,11 @@ def _fwd_one(rows, qs, kf, vf, pos, lo, hi, ids, kid, soft_cap):
         lse = jnp.where(has, jnp.where(m == _NEG_INF, 0.0, m) + jnp.log(jnp.where(has, denom, 1.0)), _NEG_INF)
         return jnp.moveaxis(out, 2, 0), jnp.moveaxis(lse, 2, 0)  # [bq, Hk, G, D], [bq, Hk, G]
 
-    out, lse = lax.map(step, (_blocked(qs, bq, 0.0), *_block_args(rows, pos, lo, hi, ids, bq)))
+    out, lse = lax.map(step, (_blocked(qs, bq, 0.0), *_block_args(rows, pos, limit, ids, bq)))
     return out.reshape(-1, hk, g, d)[:sq], lse.reshape(-1, hk, g)[:sq]
 
 
-def _bwd_one(rows, qs, kf, vf, dof, lse, delta, pos, lo, hi, ids, kid, soft_cap):
+def _bwd_one(rows, qs, kf, vf, dof, lse, delta, pos, limit, ids, kid, soft_cap):
     """One batch row's ``(dq_s, dk, dv)`` (dq w.r.t. the scaled q; dk, dv padded like kf)."""
     sq, hk, g, d = qs.shape
     bq = min(_BLOCK_Q, -(-sq // 8) * 8)
@@ -187,7 +188,7 @@ def _bwd_one(rows, qs, kf, vf, dof, lse, delta, pos, lo, hi, ids, kid, soft_cap)
         _blocked(dof, bq, 0.0),
         _blocked(lse, bq, 0.0),
         _blocked(delta, bq, 0.0),
-        *_block_args(rows, pos, lo, hi, ids, bq),
+        *_block_args(rows, pos, limit, ids, bq),
     )
 
     def step(carry, args):
@@ -231,17 +232,15 @@ def _prep(q, k, v, scale):
     return qs, jnp.pad(k.astype(_F32), pad), jnp.pad(v.astype(_F32), pad)
 
 
-def _ranges(rt, sq):
-    """Each query's key range ``[0, kv_len)`` (empty for padded queries): ``[B, Sq]`` twice."""
+def _key_limit(rt, sq):
+    """``[B, Sq]``: each query sees keys below this (the key length; 0 for a padded query)."""
     real = jnp.arange(sq)[None, :] < rt.q_len[:, None]
-    hi = jnp.where(real, rt.kv_len[:, None], 0)
-    return jnp.zeros_like(hi), hi
+    return jnp.where(real, rt.kv_len[:, None], 0)
 
 
-def _kid(rt, b, skv):
-    if rt.kv_ids is None:
-        return jnp.zeros((b, 0), jnp.int32), None
-    return jnp.pad(rt.kv_ids, ((0, 0), (0, _CHUNK))), rt.q_ids
+def _kid(rt):
+    """The key ids padded like ``kf`` (past ``kv_len``: never seen), or None without ids."""
+    return None if rt.kv_ids is None else jnp.pad(rt.kv_ids, ((0, 0), (0, _CHUNK)))
 
 
 def attention_fwd(q, k, v, rt, layout: ACSR, scale: float, soft_cap=None):
@@ -249,13 +248,8 @@ def attention_fwd(q, k, v, rt, layout: ACSR, scale: float, soft_cap=None):
     b, sq, h, d = q.shape
     rows = _rows(layout)
     qs, kf, vf = _prep(q, k, v, scale)
-    kid, ids = _kid(rt, b, k.shape[1])
-    lo, hi = _ranges(rt, sq)
     one = functools.partial(_fwd_one, rows, soft_cap=soft_cap)
-    if ids is None:
-        out, lse = jax.vmap(lambda *a: one(*a[:6], None, None))(qs, kf, vf, rt.q_pos, lo, hi)
-    else:
-        out, lse = jax.vmap(one)(qs, kf, vf, rt.q_pos, lo, hi, ids, kid)
+    out, lse = jax.vmap(one)(qs, kf, vf, rt.q_pos, _key_limit(rt, sq), rt.q_ids, _kid(rt))
     lse = jnp.moveaxis(lse.reshape(b, sq, h), 1, 2)
     return out.reshape(b, sq, h, d).astype(q.dtype), lse
 
@@ -270,13 +264,8 @@ def attention_bwd(q, k, v, rt, out, lse, dout, layout: ACSR, scale: float, soft_
     delta = jnp.einsum("bshd,bshd->bsh", dout.astype(_F32), out.astype(_F32)).reshape(b, sq, hk, h // hk)
     lse = jnp.moveaxis(lse.astype(_F32), 1, 2).reshape(b, sq, hk, h // hk)
     lse = jnp.where(lse == _NEG_INF, 0.0, lse)  # empty rows: every probability is masked anyway
-    kid, ids = _kid(rt, b, skv)
     one = functools.partial(_bwd_one, rows, soft_cap=soft_cap)
-    lo, hi = _ranges(rt, sq)
-    args = (qs, kf, vf, dof, lse, delta, rt.q_pos, lo, hi)
-    if ids is None:
-        dq, dk, dv = jax.vmap(lambda *a: one(*a, None, None))(*args)
-    else:
-        dq, dk, dv = jax.vmap(one)(*args, ids, kid)
+    limit = _key_limit(rt, sq)
+    dq, dk, dv = jax.vmap(one)(qs, kf, vf, dof, lse, delta, rt.q_pos, limit, rt.q_ids, _kid(rt))
     dq = (dq * scale).reshape(b, sq, h, d).astype(q.dtype)
     return dq, dk[:, :skv].astype(k.dtype), dv[:, :skv].astype(v.dtype)

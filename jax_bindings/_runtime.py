@@ -58,15 +58,6 @@ class RuntimeMask(NamedTuple):
     kv_ids: jax.Array | None = None
     q_pos: jax.Array | None = None
 
-    def dense(self, q_len: int, kv_len: int) -> jax.Array:
-        """``[B, Sq, Skv]`` bool: the runtime part alone (no static mask, no positions); for tests."""
-        keep = (jnp.arange(q_len)[None, :, None] < self.q_len[:, None, None]) & (
-            jnp.arange(kv_len)[None, None, :] < self.kv_len[:, None, None]
-        )
-        if self.q_ids is not None:
-            keep &= self.q_ids[:, :, None] == self.kv_ids[:, None, :]
-        return keep
-
 
 def _non_decreasing(x: jax.Array) -> jax.Array:
     """``[B, S] -> [B]``: whether each row never decreases."""
