@@ -383,6 +383,10 @@ def _header(spec: KernelSpec) -> str:
         """).replace("{segs}", segs)
 
 
+# The fused kernels' trailing constexpr parameters (see jax_bindings._triton.ops._scalars).
+_FUSED_SCALARS = "SCALE: tl.constexpr, CAPF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr"
+
+
 def _rt_sig(spec: KernelSpec) -> str:
     return "".join(f"{n}, " for n in spec.runtime_names())
 
@@ -404,7 +408,7 @@ def _row_block_head(kv: str, *, load_q: bool) -> list[str]:
 
 def _fwd(spec: KernelSpec, meta: str) -> tuple[str, list[str]]:
     """Fused forward: ``(Q, K, V) -> (Out, Lse)``, online softmax over the row block's key tiles."""
-    sig = f"Q, K, V, {_rt_sig(spec)}{meta}Out, Lse, SCALE: tl.constexpr, CAPF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr"
+    sig = f"Q, K, V, {_rt_sig(spec)}{meta}Out, Lse, {_FUSED_SCALARS}"
     body = (
         _row_block_head("KV", load_q=True)
         + _runtime_prologue(spec)
@@ -434,7 +438,7 @@ def _fwd(spec: KernelSpec, meta: str) -> tuple[str, list[str]]:
 
 def _bwd_dq(spec: KernelSpec, meta: str) -> tuple[str, list[str]]:
     """Backward over query rows: ``dQ`` and ``Delta = rowsum(dO * O)`` (stored for the dk/dv kernel)."""
-    sig = f"Q, K, V, DO, Out, Lse, {_rt_sig(spec)}{meta}DQ, Delta, SCALE: tl.constexpr, CAPF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr"
+    sig = f"Q, K, V, DO, Out, Lse, {_rt_sig(spec)}{meta}DQ, Delta, {_FUSED_SCALARS}"
     body = (
         _row_block_head("KV", load_q=True)
         + _runtime_prologue(spec)
@@ -465,7 +469,7 @@ def _bwd_dq(spec: KernelSpec, meta: str) -> tuple[str, list[str]]:
 
 def _bwd_dkdv(spec: KernelSpec, meta: str) -> tuple[str, list[str]]:
     """Backward over key rows (the transposed layout): ``dK``, ``dV``, summed over the GQA group."""
-    sig = f"Q, K, V, DO, Lse, Delta, {_rt_sig(spec)}{meta}DK, DV, SCALE: tl.constexpr, CAPF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr"
+    sig = f"Q, K, V, DO, Lse, Delta, {_rt_sig(spec)}{meta}DK, DV, {_FUSED_SCALARS}"
     walk = _walk(
         spec,
         "dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lb, Db, SCALE * LOG2E, {MASK})",
