@@ -237,11 +237,10 @@ def _cmd_analyze(args) -> int:
     return 0
 
 
-def _cmd_bench(args) -> int:
+def _write_bench(result: dict, args) -> int:
+    """Writes a bench result where ``--out`` / ``--plot`` ask; the command's exit code."""
     from splat.tools import bench
 
-    config = bench.BenchConfig.from_args(args)
-    result = bench.run_bench(config)
     if args.out:
         bench.write_json(result, args.out)
         print(f"wrote {args.out}")
@@ -253,10 +252,18 @@ def _cmd_bench(args) -> int:
     return 0
 
 
+def _cmd_bench(args) -> int:
+    from splat.tools import bench
+
+    config = bench.BenchConfig.from_args(args)
+    result = bench.run_bench(config)
+    return _write_bench(result, args)
+
+
 def _cmd_bench_runtime(args) -> int:
     import dataclasses
 
-    from splat.tools import bench, bench_runtime
+    from splat.tools import bench_runtime
 
     cls = bench_runtime.RuntimeBenchConfig
     kw = {}
@@ -265,15 +272,7 @@ def _cmd_bench_runtime(args) -> int:
         if v is not None:
             kw[f.name] = tuple(v) if isinstance(v, list) else v
     result = bench_runtime.run_runtime_bench(cls.quick(**kw) if args.quick else cls(**kw))
-    if args.out:
-        bench.write_json(result, args.out)
-        print(f"wrote {args.out}")
-    if args.plot:
-        from splat.tools.plot import plot_bench
-
-        plot_bench(result, args.plot)
-        print(f"wrote {args.plot}")
-    return 0
+    return _write_bench(result, args)
 
 
 def _cmd_tune(args) -> int:
