@@ -75,6 +75,22 @@ _MODES = ("fwd", "fwdbwd", "both")
 _DTYPES = ("float32", "bfloat16", "float16")
 
 
+def check_positive_ints(config, names) -> None:
+    """Each field ``names`` of ``config`` is a positive int; ValueError naming the first that is not."""
+    for name in names:
+        v = getattr(config, name)
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+
+
+def check_peers(peers, known) -> None:
+    """``peers`` (None: every one) are all in ``known``; ValueError listing the unknown ones."""
+    if peers is not None:
+        bad = [p for p in peers if p not in known]
+        if bad:
+            raise ValueError(f"unknown peer(s) {bad}; known: {', '.join(known)}")
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     """Settings of one ``splat bench`` run (every field lands in the JSON).
@@ -116,20 +132,14 @@ class BenchConfig:
             raise ValueError(f"mode must be one of {_MODES}, got {self.mode!r}")
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
-        for name in ("heads", "head_dim", "batch", "repeats", "build_length", "analyze_length"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        check_positive_ints(self, ("heads", "head_dim", "batch", "repeats", "build_length", "analyze_length"))
         if not self.lengths or any(not isinstance(s, int) or s <= 0 for s in self.lengths):
             raise ValueError(f"lengths must be positive ints, got {self.lengths!r}")
         from jax_bindings import BACKENDS
 
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
-        if self.peers is not None:
-            bad = [p for p in self.peers if p not in PEERS]
-            if bad:
-                raise ValueError(f"unknown peer(s) {bad}; known: {', '.join(PEERS)}")
+        check_peers(self.peers, PEERS)
 
     @property
     def modes(self) -> tuple[str, ...]:

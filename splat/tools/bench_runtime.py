@@ -61,6 +61,8 @@ from splat.tools.bench import (
     FLOP_FORMULA,
     RATIO_DEFINITION,
     backend_unavailable,
+    check_peers,
+    check_positive_ints,
     environment,
     useful_flops,
 )
@@ -197,20 +199,14 @@ class RuntimeBenchConfig:
         bad = [w for w in self.workloads if w not in WORKLOADS] or (not self.workloads and ["(none)"])
         if bad:
             raise ValueError(f"unknown workload(s) {bad}; known: {', '.join(WORKLOADS)}")
-        for (
-            name
-        ) in "seq_len batch local_batch heads head_dim doc_min doc_max packings window repeats".split():
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        check_positive_ints(
+            self, "seq_len batch local_batch heads head_dim doc_min doc_max packings window repeats".split()
+        )
         if self.doc_min > self.doc_max:
             raise ValueError(f"doc_min {self.doc_min} must not exceed doc_max {self.doc_max}")
         if not self.soft_cap > 0:
             raise ValueError(f"soft_cap must be positive, got {self.soft_cap!r}")
-        if self.peers is not None:
-            unknown = [p for p in self.peers if p not in RUNTIME_PEERS]
-            if unknown:
-                raise ValueError(f"unknown peer(s) {unknown}; known: {', '.join(RUNTIME_PEERS)}")
+        check_peers(self.peers, RUNTIME_PEERS)
 
     @property
     def modes(self) -> tuple[str, ...]:
