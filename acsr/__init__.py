@@ -10,14 +10,17 @@ from acsr._build import (
     from_csr,
     from_dense,
     from_dense_chunks,
+    from_grid,
     from_row_chunks,
     from_runs,
     residual_from_csr,
+    runs_are_canonical,
     to_csr,
     transpose,
     validate,
 )
 from acsr._format import ACSR, MAX_SEGMENTS, BlockResidual, LayoutError, Segment
+from acsr._grid import GridAxis, GridWindows, canonical_axis
 from acsr._law import MAX_PIECES, ClosedForm, Law, Piece, fit_closed_form, fit_law
 from acsr._plan import (
     FAMILIES,
@@ -42,6 +45,8 @@ __all__ = [
     "ClosedForm",
     "DEFAULT_BLOCK",
     "FAMILIES",
+    "GridAxis",
+    "GridWindows",
     "Law",
     "LayoutError",
     "MAX_PIECES",
@@ -54,6 +59,7 @@ __all__ = [
     "block_order",
     "block_rows",
     "block_work",
+    "canonical_axis",
     "csr_from_runs",
     "dense_from_runs",
     "fit_closed_form",
@@ -61,6 +67,7 @@ __all__ = [
     "from_csr",
     "from_dense",
     "from_dense_chunks",
+    "from_grid",
     "from_row_chunks",
     "from_runs",
     "key_spans",
@@ -68,6 +75,7 @@ __all__ = [
     "pattern_family",
     "residual_from_csr",
     "row_permutation",
+    "runs_are_canonical",
     "runs_from_csr",
     "runs_from_dense",
     "segment_modes",

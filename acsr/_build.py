@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from acsr._format import ACSR, MAX_SEGMENTS, BlockResidual, LayoutError, Segment
+from acsr._grid import GridWindows, canonical
 from acsr._law import _canonical, fit_closed_form
 from acsr._runs import csr_from_runs, merge_intervals, runs_from_csr, runs_from_dense
 
@@ -43,6 +44,46 @@ def from_runs(
         return ACSR(q_len, kv_len, tuple(segs))
     indptr, cols = csr_from_runs(base, stride, count)
     return ACSR(q_len, kv_len, (), residual_from_csr(indptr, cols, q_len, kv_len, block))
+
+
+def runs_are_canonical(base: np.ndarray, count: np.ndarray, step: int) -> bool:
+    """Whether ascending progressions of stride ``step`` ``[S, R]`` (live runs first)
+    are already the canonical decomposition of ``acsr._runs``.
+
+    They are when no row holds a single-column run beside other runs (the
+    canonical form would group isolated columns differently) and no run joins
+    the next one: the gap from a run's last column to the next run's first is
+    neither 1 (neighbours: one contiguous run) nor ``step`` (the progression
+    would go on).
+    """
+    live = count > 0
+    several = live.sum(axis=1) > 1
+    if np.any((count == 1) & several[:, None]):
+        return False
+    last = base + step * (count - 1)
+    gap = base[:, 1:] - last[:, :-1]
+    return not np.any(live[:, 1:] & ((gap == 1) | (gap == step)))
+
+
+def from_grid(windows: GridWindows, *, block: tuple[int, int] = DEFAULT_BLOCK) -> ACSR:
+    """The layout of a grid product (:mod:`acsr._grid`): a grid layout of its canonical
+    form when that keeps two or more axes and some row needs more than
+    :data:`MAX_SEGMENTS` progressions; otherwise segments (or the residual), as
+    :func:`from_csr` gives for the same mask."""
+    w = canonical(windows)
+    s = w.size
+    base, stride, count = w.product_runs()
+    if len(w.axes) >= 2 and base.shape[1] > MAX_SEGMENTS:
+        step = w.axes[-1].dilation
+        if runs_are_canonical(base, count, step):
+            return ACSR(s, s, (), None, grid=w)
+        indptr, cols = w.csr()
+        if runs_from_csr(indptr, cols)[0].shape[1] > MAX_SEGMENTS:
+            return ACSR(s, s, (), None, grid=w)
+        return from_csr(s, s, indptr, cols, block=block)
+    if runs_are_canonical(base, count, w.axes[-1].dilation):
+        return from_runs(s, s, base, stride, count, block=block)
+    return from_csr(s, s, *w.csr(), block=block)
 
 
 def residual_from_csr(indptr, cols, q_len: int, kv_len: int, block=DEFAULT_BLOCK) -> BlockResidual:
@@ -158,6 +199,8 @@ def from_dense(mask, *, block: tuple[int, int] = DEFAULT_BLOCK, chunk_rows: int 
 
 def to_csr(layout: ACSR) -> tuple[np.ndarray, np.ndarray]:
     """All nonzeros as CSR ``(indptr [q_len + 1], columns)``, sorted within rows."""
+    if layout.grid is not None:
+        return layout.grid.csr()
     parts_b, parts_s, parts_c = [], [], []
     for s in layout.segments:
         parts_b.append(s.base[:, None]), parts_s.append(s.stride[:, None]), parts_c.append(s.count[:, None])
@@ -283,6 +326,9 @@ def transpose(layout: ACSR) -> ACSR:
     dilated and strided patterns and their unions); exact O(nnz) enumeration
     otherwise. Both give the same canonical layout.
     """
+    if layout.grid is not None:
+        t = layout.grid.transpose()
+        return from_grid(t) if t is not None else _enumerated_transpose(layout)
     fast = _fast_transpose(layout)
     if fast is not None:
         return fast
@@ -304,6 +350,9 @@ def _enumerated_transpose(layout: ACSR) -> ACSR:
 def validate(layout: ACSR) -> None:
     """Raises :class:`LayoutError` naming the first broken invariant."""
     q, kv = layout.q_len, layout.kv_len
+    if layout.grid is not None:
+        _validate_grid(layout)
+        return
     if len(layout.segments) > MAX_SEGMENTS:
         raise LayoutError(f"{len(layout.segments)} segments; at most {MAX_SEGMENTS} allowed")
     for k, s in enumerate(layout.segments):
@@ -351,3 +400,18 @@ def validate(layout: ACSR) -> None:
         again = from_csr(q, kv, indptr, cols)
         if again != layout:
             raise LayoutError("segments are not the canonical decomposition of their mask")
+
+
+def _validate_grid(layout: ACSR) -> None:
+    g = layout.grid
+    for i, a in enumerate(g.axes):
+        if a.dilation < 1 or np.any(a.count < 0):
+            raise LayoutError(f"grid axis {i}: dilation must be >= 1 and counts >= 0")
+        bad = (a.count > 0) & ((a.first < 0) | (a.end() > a.length))
+        if np.any(bad):
+            x = int(np.argmax(bad))
+            raise LayoutError(f"grid axis {i}: coordinate {x} sees keys outside [0, {a.length})")
+        if np.any((a.count == 0) & (a.first != 0)) or (a.dilation != 1 and not np.any(a.count > 1)):
+            raise LayoutError(f"grid axis {i}: padding not canonical (first 0 where empty, dilation 1)")
+    if from_grid(g) != layout:
+        raise LayoutError("grid is not the canonical layout of its mask")

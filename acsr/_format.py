@@ -21,7 +21,14 @@ An attention mask of ``q_len x kv_len`` is stored as
 
 * a **residual** (:class:`BlockResidual`, block-sparse) for what the segments
   cannot hold: a mask whose rows need more than :data:`MAX_SEGMENTS`
-  progressions is stored entirely there.
+  progressions is stored entirely there;
+
+* or, instead of both, a **grid** (:class:`~acsr.GridWindows`, see
+  :mod:`acsr._grid`): a mask over the tokens of an N-D grid that is a product
+  of per-axis windows (neighborhood attention) and needs more than
+  :data:`MAX_SEGMENTS` progressions per row is stored as its per-axis tables,
+  with no per-row arrays. :attr:`ACSR.flat` gives the same mask as segments and
+  residual for code that walks rows.
 
 Segments and residual are disjoint and their union is the mask. Within a row
 the segments follow the canonical decomposition of ``acsr._runs`` (contiguous
@@ -44,11 +51,13 @@ outputs 0, and its logsumexp is ``-inf``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from acsr._grid import GridWindows
 from acsr._law import ClosedForm
 from acsr._runs import csr_from_runs
 
@@ -170,11 +179,28 @@ class ACSR:
     kv_len: int
     segments: tuple[Segment, ...]
     residual: BlockResidual | None = None
+    grid: GridWindows | None = None
     _key: bytes = field(default=b"", repr=False)
 
     def __post_init__(self):
         object.__setattr__(self, "segments", tuple(self.segments))
+        if self.grid is not None and (self.segments or self.residual is not None):
+            raise LayoutError("a grid layout holds neither segments nor a residual")
+        if self.grid is not None and (self.grid.size, self.grid.size) != (self.q_len, self.kv_len):
+            raise LayoutError(f"grid {self.grid.grid} does not cover a {self.q_len}x{self.kv_len} mask")
         object.__setattr__(self, "_key", self._digest())
+
+    @functools.cached_property
+    def flat(self) -> ACSR:
+        """This mask as segments and residual: itself, unless it is a grid layout, whose
+        rows are expanded into a block-sparse residual (for code that walks rows, e.g. the
+        pure-JAX backend and the unfused kernels; ``O(nnz)`` work, done once)."""
+        if self.grid is None:
+            return self
+        from acsr._build import residual_from_csr
+
+        indptr, cols = self.grid.csr()
+        return ACSR(self.q_len, self.kv_len, (), residual_from_csr(indptr, cols, self.q_len, self.kv_len))
 
     def _digest(self) -> bytes:
         h = hashlib.blake2b(digest_size=20)
@@ -188,6 +214,8 @@ class ACSR:
             h.update(f"res{r.block_q},{r.block_kv},{r.kv_blocks.shape}".encode())
             for a in (r.kv_blocks, r.num_blocks, np.packbits(r.bits)):
                 h.update(a.tobytes())
+        if self.grid is not None:
+            h.update(b"grid" + self.grid.digest())
         return h.digest()
 
     def __hash__(self) -> int:
@@ -204,7 +232,9 @@ class ACSR:
 
     @property
     def slot_offsets(self) -> tuple[int, ...]:
-        """First value slot of each segment, then of the residual."""
+        """First value slot of each segment, then of the residual (of :attr:`flat`)."""
+        if self.grid is not None:
+            return self.flat.slot_offsets
         offs, o = [], 0
         for s in self.segments:
             offs.append(o)
@@ -214,12 +244,16 @@ class ACSR:
 
     @property
     def nnz_max(self) -> int:
-        """Width of the padded value arrays ``[B, H, q_len, nnz_max]``."""
+        """Width of the padded value arrays ``[B, H, q_len, nnz_max]`` (of :attr:`flat`)."""
+        if self.grid is not None:
+            return self.flat.nnz_max
         w = sum(s.width for s in self.segments)
         return w + (self.residual.width if self.residual is not None else 0)
 
     def row_counts(self) -> np.ndarray:
         """Nonzeros per row, int64 ``[q_len]``."""
+        if self.grid is not None:
+            return self.grid.row_counts()
         n = np.zeros(self.q_len, np.int64)
         for s in self.segments:
             n += s.count
@@ -240,6 +274,8 @@ class ACSR:
 
     def slot_columns(self, rows: slice | None = None) -> np.ndarray:
         """Column of each value slot, int32 ``[rows, nnz_max]``; -1 marks padding."""
+        if self.grid is not None:
+            return self.flat.slot_columns(rows)
         rows = rows or slice(0, self.q_len)
         r = np.arange(self.q_len)[rows]
         parts = []
@@ -261,6 +297,8 @@ class ACSR:
 
     def to_dense(self) -> np.ndarray:
         """The mask as a boolean ``[q_len, kv_len]`` array."""
+        if self.grid is not None:
+            return self.grid.dense()
         out = np.zeros((self.q_len, self.kv_len), bool)
         for s in self.segments:
             indptr, cols = csr_from_runs(s.base[:, None], s.stride[:, None], s.count[:, None])
@@ -280,6 +318,12 @@ class ACSR:
     def to_string(self, max_rows: int = 16, max_cols: int = 64) -> str:
         """A readable summary and a character picture of the top-left corner (saying so when cut)."""
         lines = [repr(self)]
+        if self.grid is not None:
+            lines += [
+                f"  grid axis {i}: length {a.length}, dilation {a.dilation}, "
+                f"{int(a.count.min())}-{int(a.count.max())} keys per query coordinate"
+                for i, a in enumerate(self.grid.axes)
+            ]
         for k, s in enumerate(self.segments):
             st = s.uniform_stride
             law = s.closed_form.to_string() if s.closed_form is not None else "per-row arrays"
@@ -295,15 +339,23 @@ class ACSR:
         nr, nc = min(max_rows, self.q_len), min(max_cols, self.kv_len)
         if (nr, nc) != (self.q_len, self.kv_len):
             lines.append(f"  showing rows 0-{nr - 1}, cols 0-{nc - 1} of {self.q_len}x{self.kv_len}:")
-        cols = self.slot_columns(slice(0, nr))
         pic = np.full((nr, nc), ".")
-        for i in range(nr):
-            c = cols[i][(cols[i] >= 0) & (cols[i] < nc)]
-            pic[i, c] = "#"
+        if self.grid is not None:
+            pic[self.grid.contains(np.arange(nr)[:, None], np.arange(nc)[None, :])] = "#"
+        else:
+            cols = self.slot_columns(slice(0, nr))
+            for i in range(nr):
+                c = cols[i][(cols[i] >= 0) & (cols[i] < nc)]
+                pic[i, c] = "#"
         lines += ["  " + "".join(row) for row in pic]
         return "\n".join(lines)
 
     def __repr__(self) -> str:
+        if self.grid is not None:
+            return (
+                f"ACSR({self.q_len}x{self.kv_len}, nnz={self.nnz}, density={self.density():.4f}, "
+                f"grid={'x'.join(map(str, self.grid.grid))})"
+            )
         res = "none" if self.residual is None else f"{int(self.residual.num_blocks.sum())} blocks"
         closed = sum(s.closed_form is not None for s in self.segments)
         return (

@@ -65,6 +65,7 @@ FAMILIES = (
     "strided",
     "block_local",
     "global_window",
+    "neighborhood",
     "residual",
     "other",
 )
@@ -337,8 +338,9 @@ def _segment_family(seg: Segment, q_len: int, kv_len: int) -> str:
 def pattern_family(layout: ACSR) -> str:
     """A short name for the shape of ``layout``'s mask, one of :data:`FAMILIES`.
 
-    Read from the per-row arrays (closed forms are not needed): ``"residual"`` when
-    the layout has a block-sparse residual; otherwise each segment's rows are compared
+    Read from the per-row arrays (closed forms are not needed): ``"neighborhood"`` for a
+    grid layout (:mod:`acsr._grid`); ``"residual"`` when the layout has a block-sparse
+    residual; otherwise each segment's rows are compared
     with diagonal bands ``clip(r + a)`` and block steps:
 
     * one segment: ``"full"``; ``"causal"`` (one bound on the mask's edge, the other
@@ -359,6 +361,8 @@ def pattern_family(layout: ACSR) -> str:
       >>> acsr.pattern_family(acsr.from_dense((j <= i) & (i - j < 8)))
       'causal_window'
     """
+    if layout.grid is not None:
+        return "neighborhood"
     if layout.residual is not None:
         return "residual"
     kinds = [_segment_family(s, layout.q_len, layout.kv_len) for s in layout.segments if s.width > 0]

@@ -72,6 +72,10 @@ module path (imported on first use, only on the platforms the entry names), a
 one-line description, and those platforms. A module whose requirements are
 missing raises ImportError on import; :func:`available_backends` reports it.
 
+Grid layouts (``layout.grid``, N-D neighborhoods: :mod:`acsr._grid`) reach a backend's op
+only where the module lists the op in ``GRID_OPS``; elsewhere the dispatcher passes
+``layout.flat``, the same mask as segments and residual.
+
 A module may also define ``attention(q, k, v, runtime, layout, scale, soft_cap) -> out``: a fused
 attention that JAX differentiates and batches by itself (a call of
 ``jax.nn.dot_product_attention``, say). Where it does, the differentiable
@@ -195,8 +199,12 @@ def _warn_once(message: str) -> None:
 
 
 def _call(name: str, op: str, *args):
-    """Contract function ``op`` of backend ``name``."""
-    return getattr(_registry.module(name), op)(*args)
+    """Contract function ``op`` of backend ``name``; a grid layout reaches it as its
+    ``layout.flat`` rows unless the backend lists ``op`` in its ``GRID_OPS``."""
+    module = _registry.module(name)
+    if op not in getattr(module, "GRID_OPS", ()):
+        args = tuple(a.flat if isinstance(a, ACSR) else a for a in args)
+    return getattr(module, op)(*args)
 
 
 # -----------------------------------------------------------------------------

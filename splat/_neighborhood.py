@@ -129,10 +129,6 @@ class Neighborhood(Mask):
             for v in zip(self.grid, self.kernel_size, self.stride, self.dilation, self.is_causal, strict=True)
         )
 
-    def _flat_strides(self) -> tuple[int, ...]:
-        """Token-index step of one unit along each axis (row-major)."""
-        return tuple(math.prod(self.grid[a + 1 :]) for a in range(len(self.grid)))
-
     def _check_lengths(self, q_len: int, kv_len: int) -> None:
         if q_len != self.size or kv_len != self.size:
             raise ValueError(
@@ -140,11 +136,20 @@ class Neighborhood(Mask):
                 f"{q_len} x {kv_len} (q_len x kv_len); both must equal prod(grid)"
             )
 
+    def windows(self) -> acsr.GridWindows:
+        """The mask as a grid product: one :class:`acsr.GridAxis` per axis, from :class:`AxisWindow`."""
+        axes = []
+        for axis in self.axes:
+            first, count = axis.windows()
+            axes.append(acsr.canonical_axis(axis.length, axis.dilation, first, count))
+        return acsr.GridWindows(tuple(axes))
+
     def to_acsr(self, q_len: int | None = None, kv_len: int | None = None, *, block=acsr.DEFAULT_BLOCK):
         """The layout; ``q_len`` and ``kv_len`` default to (and must equal) ``prod(grid)``.
 
-        Same layout as ``Mask.to_acsr`` (canonical runs through ``acsr.from_runs``), but a
-        mask that needs the residual builds it from its own key lists, already sorted.
+        The same canonical layout ``Mask.to_acsr`` would give (:func:`acsr.from_grid`): a
+        grid layout (per-axis tables, no per-row arrays) where the rows need more than
+        ``acsr.MAX_SEGMENTS`` progressions, segments otherwise.
         """
         q_len = self.size if q_len is None else q_len
         kv_len = q_len if kv_len is None else kv_len
@@ -159,100 +164,20 @@ class Neighborhood(Mask):
                     f"{name} has indices outside the neighborhood grid {self.grid} "
                     f"(tokens 0..{self.size - 1})"
                 )
-        out = np.ones(np.broadcast_shapes(q.shape, k.shape), bool)
-        for axis, step in zip(self.axes, self._flat_strides(), strict=True):
-            first, count = axis.windows()
-            xq = q // step % axis.length
-            off = k // step % axis.length - first[xq]
-            out &= (off >= 0) & (off % axis.dilation == 0) & (off < axis.dilation * count[xq])
-        return out
+        return self.windows().contains(q, k)
 
     def _runs(self, q_len: int, kv_len: int) -> Runs:
         self._check_lengths(q_len, kv_len)
-        return _canonical(self._product_runs(), self.dilation[-1])
-
-    def _product_runs(self) -> Runs:
-        """Each query's keys as the product runs: one progression along the last axis
-        (stride ``dilation[-1]``) per key coordinate on the other axes, ``[S, R]`` with
-        ``R = prod(kernel_size[:-1])``, ascending, live runs first then canonical padding."""
-        m = len(self.grid)
-        shape = self.grid + self.kernel_size[:-1]  # [n_0 .. n_{m-1}, t_0 .. t_{m-2}]
-        base = np.zeros(shape, np.int64)
-        live = np.ones(shape, bool)
-        for a, (axis, step) in enumerate(zip(self.axes, self._flat_strides(), strict=True)):
-            first, count = axis.windows()
-            view = [1] * len(shape)
-            view[a] = axis.length
-            if a == m - 1:
-                base += (first * step).reshape(view)
-                last_count = count.reshape(view)
-                continue
-            view[m + a] = axis.kernel_size
-            t = np.arange(axis.kernel_size)
-            base += ((first[:, None] + axis.dilation * t) * step).reshape(view)
-            live &= (t < count[:, None]).reshape(view)
-        s, r = self.size, math.prod(self.kernel_size[:-1])
-        base, live = base.reshape(s, r), live.reshape(s, r)
-        count = np.where(live, np.broadcast_to(last_count, shape).reshape(s, r), 0)
-        if not live.all():  # causal axes: move each row's live runs to the front
-            order = np.argsort(~live, axis=1, kind="stable")
-            base = np.take_along_axis(base, order, 1)
-            count = np.take_along_axis(count, order, 1)
-            r = int((count > 0).sum(axis=1).max())
-            base, count = base[:, :r], count[:, :r]
-        base = np.where(count > 0, base, 0)
-        stride = np.where(count > 1, self.dilation[-1], 1)
-        return base, stride, count
+        w = self.windows()
+        base, stride, count = w.product_runs()
+        if acsr.runs_are_canonical(base, count, w.axes[-1].dilation):
+            return base, stride, count
+        return acsr.runs_from_csr(*w.csr())
 
 
 @functools.lru_cache(maxsize=16)
 def _layout(mask: Neighborhood, block: tuple[int, int]) -> acsr.ACSR:
-    s, step = mask.size, mask.dilation[-1]
-    product = mask._product_runs()
-    runs = _canonical(product, step)
-    if runs[0].shape[1] <= acsr.MAX_SEGMENTS:
-        return acsr.from_runs(s, s, *runs, block=block)
-    indptr, cols = _sorted_csr(product[0], product[2], step)
-    return acsr.ACSR(s, s, (), acsr.residual_from_csr(indptr, cols, s, s, block))
-
-
-def _canonical(product: Runs, step: int) -> Runs:
-    """Canonical runs of the product runs (themselves, where they already are)."""
-    base, _, count = product
-    if _runs_are_canonical(base, count, step):
-        return product
-    return acsr.runs_from_csr(*_sorted_csr(base, count, step))
-
-
-def _sorted_csr(base: np.ndarray, count: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
-    """CSR ``(indptr [S + 1], columns)`` of ascending, disjoint progressions of stride ``step``
-    ``[S, R]``: expanded in order, so the columns come out sorted without the sort of
-    ``acsr.csr_from_runs`` (about half a second at 3.7M nonzeros)."""
-    t = np.arange(int(count.max(initial=0)))
-    cols = base[:, :, None] + step * t
-    keep = t < count[:, :, None]
-    indptr = np.zeros(base.shape[0] + 1, np.int64)
-    np.cumsum(count.sum(axis=1), out=indptr[1:])
-    return indptr, (cols.reshape(-1) if keep.all() else cols[keep])
-
-
-def _runs_are_canonical(base: np.ndarray, count: np.ndarray, step: int) -> bool:
-    """Whether ascending progressions of stride ``step`` ``[S, R]`` (live runs first)
-    are already the canonical decomposition of ``acsr._runs``.
-
-    They are when no row holds a single-column run beside other runs (the
-    canonical form would group isolated columns differently) and no run joins
-    the next one: the gap from a run's last column to the next run's first is
-    neither 1 (neighbours: one contiguous run) nor ``step`` (the progression
-    would go on).
-    """
-    live = count > 0
-    several = live.sum(axis=1) > 1
-    if np.any((count == 1) & several[:, None]):
-        return False
-    last = base + step * (count - 1)
-    gap = base[:, 1:] - last[:, :-1]
-    return not np.any(live[:, 1:] & ((gap == 1) | (gap == step)))
+    return acsr.from_grid(mask.windows(), block=block)
 
 
 # --- arguments -------------------------------------------------------------------
