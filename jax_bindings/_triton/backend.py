@@ -208,6 +208,10 @@ def _install_module_images() -> bool:
 MODULE_IMAGES_INSTALLED = _install_module_images()
 
 
+# contract ops that take grid layouts (N-D neighborhoods) as they are: the spatial-tile kernels
+GRID_OPS = ("attention_fwd", "attention_bwd")
+
+
 def run_call(call: ops.Call, *data) -> list[jax.Array]:
     out_shape = [jax.ShapeDtypeStruct(s, jnp.dtype(d)) for s, d in call.out]
     outs = _jt.triton_call(

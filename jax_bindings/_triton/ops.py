@@ -17,6 +17,7 @@ import numpy as np
 
 from acsr import ACSR
 from jax_bindings._triton.cache import load
+from jax_bindings._triton.grid_plan import grid_plan
 from jax_bindings._triton.spec import Plan, plan, transposed
 
 
@@ -59,6 +60,15 @@ def _check_layout(layout: ACSR, Sq: int, Skv: int) -> None:
         raise ValueError(f"layout is {layout.q_len}x{layout.kv_len} but q_len x kv_len is {Sq}x{Skv}")
 
 
+def _check_grid(runtime: str, tiles) -> None:
+    """Grid layouts' kernels (:mod:`jax_bindings._triton.grid_plan`) choose their own tiles and
+    take no runtime mask."""
+    if runtime:
+        raise NotImplementedError("the triton grid kernels take no runtime mask (segment ids, lengths)")
+    if tiles is not None:
+        raise ValueError("tiles cannot be given for a grid layout: its kernels tile the grid themselves")
+
+
 def _scalars(scale: float, soft_cap: float | None) -> dict:
     """The fused kernels' constexpr scalars: SCALE, and CAPF = SCALE / soft cap (0.0: no cap)."""
     return {"SCALE": float(scale), "CAPF": 0.0 if soft_cap is None else float(scale) / float(soft_cap)}
@@ -75,9 +85,12 @@ def fwd_call(
     """
     B, Sq, H, D, Skv, Hkv = _dims(q_shape, k_shape)
     _check_layout(layout, Sq, Skv)
-    p = plan(
-        "fwd", layout, dtype=dtype, head_dim=D, num_heads=H, num_kv_heads=Hkv, tiles=tiles, runtime=runtime
-    )
+    if layout.grid is not None:
+        _check_grid(runtime, tiles)
+        p = grid_plan("fwd", layout.grid, dtype, D, H, Hkv)
+    else:
+        heads = dict(dtype=dtype, head_dim=D, num_heads=H, num_kv_heads=Hkv)
+        p = plan("fwd", layout, tiles=tiles, runtime=runtime, **heads)
     out = [((B, Sq, H, D), p.spec.dtype), ((B, H, Sq), "float32")]
     return _call(p, B * H, out, _scalars(scale, soft_cap), interpret)
 
@@ -96,10 +109,20 @@ def bwd_calls(
     """
     B, Sq, H, D, Skv, Hkv = _dims(q_shape, k_shape)
     _check_layout(layout, Sq, Skv)
-    t_dq, t_kv = tiles or (None, None)
-    heads = dict(dtype=dtype, head_dim=D, num_heads=H, num_kv_heads=Hkv, runtime=runtime)
-    pq = plan("bwd_dq", layout, tiles=t_dq, **heads)
-    pk = plan("bwd_dkdv", transposed(layout), tiles=t_kv, **heads)
+    if layout.grid is not None:
+        _check_grid(runtime, tiles)
+        pq = grid_plan("bwd_dq", layout.grid, dtype, D, H, Hkv)
+        t = transposed(layout)  # a grid too, unless its transpose has no per-axis form
+        pk = (
+            grid_plan("bwd_dkdv", t.grid, dtype, D, H, Hkv)
+            if t.grid is not None
+            else plan("bwd_dkdv", t, dtype=dtype, head_dim=D, num_heads=H, num_kv_heads=Hkv)
+        )
+    else:
+        t_dq, t_kv = tiles or (None, None)
+        heads = dict(dtype=dtype, head_dim=D, num_heads=H, num_kv_heads=Hkv, runtime=runtime)
+        pq = plan("bwd_dq", layout, tiles=t_dq, **heads)
+        pk = plan("bwd_dkdv", transposed(layout), tiles=t_kv, **heads)
     scalars = _scalars(scale, soft_cap)
     cq = _call(pq, B * H, [((B, Sq, H, D), pq.spec.dtype), ((B, H, Sq), "float32")], scalars, interpret)
     ck = _call(pk, B * Hkv, [((B, Skv, Hkv, D), pk.spec.dtype)] * 2, scalars, interpret)

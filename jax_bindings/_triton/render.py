@@ -18,6 +18,8 @@ import math
 import textwrap
 
 from acsr import Law
+from jax_bindings._triton import grid_render
+from jax_bindings._triton.grid_plan import GridSpec
 from jax_bindings._triton.spec import KernelSpec, SegSpec
 from jax_bindings._triton.tile_source import TILES
 
@@ -644,8 +646,11 @@ def _kernel(spec: KernelSpec) -> str:
     return f"\n\n@triton.jit\ndef kernel({sig}):\n" + _indent(body, 4) + "\n"
 
 
-def render(spec: KernelSpec) -> str:
-    """Triton source text of ``spec``'s kernel (a module defining ``kernel``)."""
+def render(spec: KernelSpec | GridSpec) -> str:
+    """Triton source text of ``spec``'s kernel (a module defining ``kernel``); grid specs
+    are rendered by :mod:`jax_bindings._triton.grid_render`."""
+    if isinstance(spec, GridSpec):
+        return grid_render.render(spec)
     if spec.op not in _KERNELS:
         raise ValueError(f"spec.op must be one of {tuple(_KERNELS)}, got {spec.op!r}")
     prec = '"ieee"' if spec.dtype == "float32" else '"tf32"'

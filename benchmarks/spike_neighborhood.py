@@ -1,0 +1,189 @@
+"""Spike: the spatial-tile grid kernels on N-D neighborhoods against FlexAttention (one GPU, one process).
+
+Times splat's forward and forward+backward (JAX, 10 calls chained in one jitted program) and
+FlexAttention's (``torch.compile``, block mask from the same per-axis windows, built once), and
+splat's dense (full mask) forward for its own dense-tile rate. Useful TFLOP/s = 4 B H nnz D / t
+(forward), 2.5x that for forward+backward.
+
+    python benchmarks/spike_neighborhood.py [--cases 2d15 2d63 ...] [--out spike.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import splat
+from splat import masks
+from splat.tools import timing
+
+CASES = {
+    "2d15": ((128, 128), 15, {}),
+    "2d63": ((128, 128), 63, {}),
+    "2d7": ((128, 128), 7, {}),
+    "2d7d2": ((128, 128), 7, {"dilation": 2}),
+    "3d": ((16, 32, 32), (5, 9, 9), {"is_causal": (True, False, False)}),
+}
+
+
+def _time_jax(fn, *args) -> float:
+    chained = jax.jit(timing.chain(fn, 10, {0: 0}))
+    last = [chained(*args)]
+    jax.block_until_ready(last[0])
+
+    def launch():
+        last[0] = chained(*args)
+
+    t = timing.time_call(
+        None,
+        2,
+        5,
+        launch=launch,
+        sync=lambda: jax.block_until_ready(last[0]),
+        per_sample=10,
+        calls_per_launch=10,
+    )
+    return t["ms"]
+
+
+def _flex(mask, q, k, v, do, mode):
+    import torch
+    from torch.nn.attention import flex_attention as fa
+
+    w = mask.windows()
+    steps = w.steps
+    tabs = [
+        (
+            torch.tensor(a.first.astype(np.int64), device="cuda"),
+            torch.tensor(a.end().astype(np.int64), device="cuda"),
+            a.dilation,
+            a.length,
+            st,
+        )
+        for a, st in zip(w.axes, steps, strict=True)
+    ]
+
+    def mask_mod(b, h, qi, ki):
+        ok = None
+        for first, end, d, n, st in tabs:
+            xq = (qi // st) % n
+            yk = (ki // st) % n
+            f = first[xq]
+            c = (yk >= f) & (yk < end[xq]) & ((yk - f) % d == 0)
+            ok = c if ok is None else ok & c
+        return ok
+
+    s = mask.size
+    t0 = time.perf_counter()
+    bm = fa.create_block_mask(mask_mod, B=None, H=None, Q_LEN=s, KV_LEN=s, device="cuda")
+    torch.cuda.synchronize()
+    mask_ms = (time.perf_counter() - t0) * 1e3
+    flex = torch.compile(fa.flex_attention, dynamic=False)
+    tq, tk, tv, tdo = (
+        torch.from_numpy(np.ascontiguousarray(np.asarray(x.astype(jnp.float32)).transpose(0, 2, 1, 3)))
+        .to("cuda", torch.bfloat16)
+        .requires_grad_(mode == "fwdbwd")
+        for x in (q, k, v, do)
+    )
+
+    def step():
+        if mode == "fwd":
+            with torch.no_grad():
+                return flex(tq, tk, tv, block_mask=bm)
+        for t in (tq, tk, tv):
+            t.grad = None
+        o = flex(tq, tk, tv, block_mask=bm)
+        o.backward(tdo)
+        return o
+
+    for _ in range(3):
+        out = step()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(5):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(10):
+            step()
+        e1.record()
+        torch.cuda.synchronize()
+        times.append(e0.elapsed_time(e1) / 10)
+    return float(np.median(times)), mask_ms, out.detach().float().cpu().numpy().transpose(0, 2, 1, 3)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", nargs="*", default=list(CASES))
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    h, d = a.heads, 128
+    rng = np.random.default_rng(0)
+    rows = []
+    dense_rate = None
+    for name in a.cases:
+        grid, kern, kw = CASES[name]
+        mask = masks.neighborhood(grid, kern, **kw)
+        t0 = time.perf_counter()
+        layout = mask.to_acsr()
+        analyze_s = time.perf_counter() - t0
+        s = mask.size
+        q, k, v, do = (jnp.asarray(rng.standard_normal((1, s, h, d)), jnp.bfloat16) for _ in range(4))
+
+        def fwd(q, k, v, mask=mask):
+            return splat.attention(q, k, v, mask, backend="triton")
+
+        def fwdbwd(q, k, v, fwd=fwd, do=do):
+            loss = lambda q, k, v: (fwd(q, k, v).astype(jnp.float32) * do).sum()
+            return jax.grad(loss, (0, 1, 2))(q, k, v)
+
+        flops = 4 * h * layout.nnz * d
+        row = {
+            "case": name,
+            "grid": grid,
+            "kernel": kern,
+            **kw,
+            "S": s,
+            "nnz": layout.nnz,
+            "analyze_s": analyze_s,
+        }
+        row["splat_fwd_ms"] = _time_jax(fwd, q, k, v)
+        row["splat_fwdbwd_ms"] = _time_jax(fwdbwd, q, k, v)
+        row["splat_fwd_tflops"] = flops / row["splat_fwd_ms"] / 1e9
+        row["splat_fwdbwd_tflops"] = 2.5 * flops / row["splat_fwdbwd_ms"] / 1e9
+        if dense_rate is None:
+            dms = _time_jax(lambda q, k, v: splat.attention(q, k, v, masks.full(), backend="triton"), q, k, v)
+            dense_rate = 4 * h * s * s * d / dms / 1e9
+        row["splat_dense_fwd_tflops_same_S"] = dense_rate
+        if not a.no_flex:
+            ours = np.asarray(fwd(q, k, v).astype(jnp.float32))
+            for mode in ("fwd", "fwdbwd"):
+                ms, mask_ms, out = _flex(mask, q, k, v, do, mode)
+                row[f"flex_{mode}_ms"] = ms
+                row["flex_block_mask_ms"] = mask_ms
+                if mode == "fwd":
+                    row["max_abs_diff_vs_flex"] = float(np.abs(out - ours).max())
+            row["x_flex_fwd"] = row["flex_fwd_ms"] / row["splat_fwd_ms"]
+            row["x_flex_fwdbwd"] = row["flex_fwdbwd_ms"] / row["splat_fwdbwd_ms"]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print(f"\n{'case':8s} {'fwd ms':>8s} {'TF/s':>6s} {'xFlex':>6s} {'fb ms':>8s} {'TF/s':>6s} {'xFlex':>6s}")
+    for r in rows:
+        xf, xb = r.get("x_flex_fwd", 0), r.get("x_flex_fwdbwd", 0)
+        print(
+            f"{r['case']:8s} {r['splat_fwd_ms']:8.3f} {r['splat_fwd_tflops']:6.1f} {xf:6.2f} "
+            f"{r['splat_fwdbwd_ms']:8.3f} {r['splat_fwdbwd_tflops']:6.1f} {xb:6.2f}"
+        )
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"device": jax.devices()[0].device_kind, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
