@@ -50,6 +50,34 @@ def main() -> None:
     print(f"{launched} launches over {len(CASES)} layouts")
     print(f"{tuned_configs()} launches of the tuned tile configs")
     print(f"{runtime_masks()} launches with runtime masks and a soft cap")
+    print(f"{grid_layouts()} launches of the grid (N-D neighborhood) kernels")
+
+
+def grid_layouts() -> int:
+    """The grid kernels (fwd, dq, dk/dv) on the interpreter suite's neighborhoods (1-3 axes,
+    strides, dilations, causal axes, full tiles), GQA; returns launches."""
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+    from test_triton_grid import CASES as GRID_CASES  # imports like pytest does (tests/ on the path)
+
+    from splat import masks
+
+    launched = 0
+    for grid, kernel, kw in GRID_CASES:
+        layout = masks.neighborhood(grid, kernel, **kw).to_acsr()
+        arrays = _inputs(layout, seed=1, B=2, H=4, Hkv=2, D=64, dtype=np.float16)
+        q, k, v, do = (torch.from_numpy(a).cuda() for a in arrays)
+        out, lse = run_torch(cg.fwd_call(layout, q.shape, k.shape, "float16", 0.125), q, k, v)
+        cq, ck = cg.bwd_calls(layout, q.shape, k.shape, "float16", 0.125)
+        dq, delta = run_torch(cq, q, k, v, do, out, lse)
+        dk, dv = run_torch(ck, q, k, v, do, lse, delta)
+        torch.cuda.synchronize()
+        launched += 3
+        for what, t in (("out", out), ("dq", dq), ("dk", dk), ("dv", dv)):
+            assert torch.isfinite(t.float()).all(), f"grid {grid} {kernel}: non-finite {what}"
+        print(f"grid {str(grid):12s} kernel {str(kernel):10s} 3 kernels ok")
+    return launched
 
 
 def runtime_masks() -> int:

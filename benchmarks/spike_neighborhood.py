@@ -116,13 +116,52 @@ def _flex(mask, q, k, v, do, mode):
     return float(np.median(times)), mask_ms, out.detach().float().cpu().numpy().transpose(0, 2, 1, 3)
 
 
+def _sweep(a) -> None:
+    """Forward time of each case under each grid-kernel config of ``--fwd-tiles``."""
+    from jax_bindings._triton import grid_plan as gp
+
+    default = gp._tiles_for
+    rng = np.random.default_rng(0)
+    rows = []
+    for cfg in a.fwd_tiles:
+        tiles = tuple(int(x) for x in cfg.split(","))
+        gp._tiles_for = lambda op, tiles=tiles: tiles if op == "fwd" else default(op)
+        gp.grid_plan.cache_clear()
+        jax.clear_caches()
+        for name in a.cases:
+            grid, kern, kw = CASES[name]
+            mask = masks.neighborhood(grid, kern, **kw)
+            s, h, d = mask.size, a.heads, 128
+            q, k, v = (jnp.asarray(rng.standard_normal((1, s, h, d)), jnp.bfloat16) for _ in range(3))
+            try:
+                ms = _time_jax(
+                    lambda q, k, v, mask=mask: splat.attention(q, k, v, mask, backend="triton"), q, k, v
+                )
+            except Exception as e:  # a config the compiler refuses: say so, go on
+                print(f"{name:8s} {cfg:14s} failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+                continue
+            tf = 4 * h * mask.to_acsr().nnz * d / ms / 1e9
+            rows.append({"case": name, "fwd_tiles": tiles, "ms": ms, "tflops": tf})
+            print(f"{name:8s} {cfg:14s} {ms:8.3f} ms {tf:7.1f} TF/s", flush=True)
+    gp._tiles_for = default
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"device": jax.devices()[0].device_kind, "rows": rows}, f, indent=1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", nargs="*", default=list(CASES))
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--out", default=None)
+    ap.add_argument(
+        "--fwd-tiles", nargs="*", default=[], help="forward configs bm,bn,warps,stages to time (no Flex)"
+    )
     a = ap.parse_args()
+    if a.fwd_tiles:
+        _sweep(a)
+        return
     h, d = a.heads, 128
     rng = np.random.default_rng(0)
     rows = []

@@ -26,6 +26,7 @@ CASES = [
     ((8, 12), (5, 5), {"is_causal": (True, False)}),
     ((4, 5, 6), (3, 3, 5), {"is_causal": (True, False, False)}),
     ((3, 6, 6), (2, 3, 3), {"dilation": (1, 2, 1), "stride": (1, 1, 2)}),
+    ((16, 16), (15, 15), {}),  # key tiles inside every window: the unmasked branch
 ]
 
 
@@ -88,12 +89,12 @@ def test_half_precision():
 
 
 def test_plan_tiles_cover_the_grid_with_patches():
-    """128x128, kernel 15: 8x16 query patches, key tiles two rows of 32, all tables int32."""
+    """128x128, kernel 15: 8x8 query patches (the smallest key box per query), 8x8 key tiles."""
     layout = masks.neighborhood((128, 128), 15).to_acsr()
     p = grid_plan("fwd", layout.grid, "bfloat16", 128, 16, 16)
-    assert p.spec.q_tile == (1, 8, 16) and p.spec.block_m == 128
-    assert p.spec.block_n == 64 and p.spec.k_tile[2] == 32
-    assert p.row_blocks == 16 * 8
+    assert p.spec.q_tile == (1, 8, 8) and p.spec.block_m == 64
+    assert p.spec.k_tile == (1, 8, 8)
+    assert p.row_blocks == 16 * 16
     assert all(m.dtype == np.int32 for m in p.meta)
     # every query appears in exactly one patch
     qc = p.meta[0]
@@ -119,6 +120,7 @@ def test_grid_layouts_refuse_runtime_masks_and_tiles():
     ("grid", "kernel", "kw", "H", "Hkv", "D", "dtype"),
     [
         ((16, 20), (7, 5), {}, 2, 1, 128, "bfloat16"),
+        ((20, 24), (17, 19), {}, 2, 2, 256, "bfloat16"),
         ((24, 24), (7, 7), {"dilation": 2}, 4, 2, 64, "float16"),
         ((6, 12, 12), (3, 5, 5), {"is_causal": (True, False, False)}, 2, 2, 128, "bfloat16"),
         ((15, 17), (6, 4), {"stride": (2, 3)}, 2, 2, 256, "float32"),

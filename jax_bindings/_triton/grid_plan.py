@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from acsr import GridAxis, GridWindows
+from jax_bindings._triton import cost
+from jax_bindings._triton.spec import Tiles
 
 GRID_OPS = ("fwd", "bwd_dq", "bwd_dkdv")
 AXES = 3  # grids of 1 to 3 axes are padded to 3 (leading axes of length 1)
@@ -167,9 +169,26 @@ def _key_tile(region: np.ndarray, block_n: int) -> tuple[int, int, int]:
     return min(shapes, key=lambda t: (padded(t), [-x for x in t[::-1]]))
 
 
-def _tiles_for(op: str) -> tuple[int, int, int, int]:
-    """(block_m, block_n, num_warps, num_stages) of the grid kernels."""
-    return {"fwd": (128, 64, 8, 2), "bwd_dq": (64, 64, 4, 2), "bwd_dkdv": (64, 64, 4, 2)}[op]
+# (block_m, block_n, num_warps, num_stages) to try in order; the first that fits the head dim
+# and dtype is taken. Forward: 64-query patches with 3 stages measured best on an H100 (2-D
+# windows of 15 and 63, 3-D (5, 9, 9); benchmarks/NOTES.md); 128x64 with 4 warps and 3 stages
+# does not compile in Triton 3.6.
+_PREFERRED = {
+    "fwd": ((64, 64, 4, 3), (64, 64, 4, 2), (64, 32, 4, 2), (32, 32, 4, 1), (16, 16, 4, 1)),
+    "bwd_dq": ((64, 64, 4, 2), (64, 32, 4, 2), (32, 32, 4, 1), (16, 16, 4, 1)),
+    "bwd_dkdv": ((64, 64, 4, 2), (64, 32, 4, 2), (32, 32, 4, 1), (16, 16, 4, 1)),
+}
+
+
+def _tiles_for(op: str, head_dim: int = 128, dtype: str = "bfloat16") -> tuple[int, int, int, int]:
+    """(block_m, block_n, num_warps, num_stages) of the grid kernel ``op``: the first preferred
+    config whose shared memory and registers (:func:`jax_bindings._triton.cost.resources`) fit."""
+    itemsize = 4 if dtype == "float32" else 2
+    for t in _PREFERRED[op]:
+        r = cost.resources(op, Tiles(*t), head_dim, itemsize)
+        if r.smem <= cost.SMEM_BYTES and r.regs <= cost.MAX_REGS_PER_THREAD:
+            return t
+    return _PREFERRED[op][-1]
 
 
 @functools.lru_cache(maxsize=64)
@@ -180,7 +199,7 @@ def grid_plan(op: str, windows: GridWindows, dtype: str, head_dim: int, num_head
     if len(windows.axes) > AXES:
         raise NotImplementedError(f"grid kernels take up to {AXES} axes, the layout has {len(windows.axes)}")
     axes = _padded_axes(windows)
-    block_m, block_n, warps, stages = _tiles_for(op)
+    block_m, block_n, warps, stages = _tiles_for(op, head_dim, dtype)
     q_tile = _query_tile(axes, block_m)
     parts = [_phase_patches(a, t) for a, t in zip(axes, q_tile, strict=True)]
     region = [p[1] for p in parts]

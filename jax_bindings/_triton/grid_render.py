@@ -95,12 +95,34 @@ def _patch(QCoord, Win, pid):
     x2 = tl.maximum(x2, 0)
     rows = (x0 * N1 + x1) * N2 + x2
     lo0 = tl.load(Win + x0 * 2)
-    hi0 = tl.where(valid, tl.load(Win + x0 * 2 + 1), lo0)  # padding rows see nothing
+    hi0 = tl.load(Win + x0 * 2 + 1)
     lo1 = tl.load(Win + (NMAX + x1) * 2)
     hi1 = tl.load(Win + (NMAX + x1) * 2 + 1)
     lo2 = tl.load(Win + (2 * NMAX + x2) * 2)
-    hi2 = tl.load(Win + (2 * NMAX + x2) * 2 + 1)
+    hi2 = tl.where(valid, tl.load(Win + (2 * NMAX + x2) * 2 + 1), lo2)  # padding rows see nothing
     return j0, j1, j2, rows, valid, lo0, hi0, lo1, hi1, lo2, hi2
+
+
+@triton.jit
+def _common(lo, hi, valid):
+    """The keys every real row of the patch sees on one axis: [max lo, min hi)."""
+    return tl.max(tl.where(valid, lo, -1), 0), tl.min(tl.where(valid, hi, -1), 0)
+
+
+@triton.jit
+def _inside(t_a, f, c, KT: tl.constexpr, DIL: tl.constexpr, clo, chi):
+    """Whether key tile t_a of one axis lies in the box and in every row's window."""
+    u = t_a * KT
+    return (u + KT <= c) & (f + DIL * u >= clo) & (f + DIL * (u + KT - 1) < chi)
+
+
+@triton.jit
+def _tile_full(t, f0, c0, f1, c1, f2, c2, n1, n2, k0, k1, k2):
+    """Tile t needs no mask: inside the box and inside every real row's window on every axis
+    (k<a> = (common lo, common hi) of axis a)."""
+    full = _inside(t % n2, f2, c2, KT2, DIL2, k2[0], k2[1])
+    full = full & _inside((t // n2) % n1, f1, c1, KT1, DIL1, k1[0], k1[1])
+    return full & _inside(t // (n1 * n2), f0, c0, KT0, DIL0, k0[0], k0[1])
 
 
 @triton.jit
@@ -116,8 +138,9 @@ def _box(Region, j0, j1, j2):
 
 
 @triton.jit
-def _key_tile(t, f0, c0, f1, c1, f2, c2, n1, n2, lo0, hi0, lo1, hi1, lo2, hi2):
-    """Tile t of the box: (cols, keep); keys outside the box get col KV_LEN (not loaded)."""
+def _key_tile(t, f0, c0, f1, c1, f2, c2, n1, n2):
+    """Tile t of the box: key coordinates per axis (-1 on axis 2 outside the box) and tokens
+    (KV_LEN outside the box: not loaded)."""
     n = tl.arange(0, KT0 * KT1 * KT2)
     u0 = (t // (n1 * n2)) * KT0 + n // (KT1 * KT2)
     u1 = ((t // n2) % n1) * KT1 + (n // KT2) % KT1
@@ -125,24 +148,46 @@ def _key_tile(t, f0, c0, f1, c1, f2, c2, n1, n2, lo0, hi0, lo1, hi1, lo2, hi2):
     ok = (u0 < c0) & (u1 < c1) & (u2 < c2)
     y0 = f0 + DIL0 * u0
     y1 = f1 + DIL1 * u1
-    y2 = f2 + DIL2 * u2
-    cols = tl.where(ok, (y0 * N1 + y1) * N2 + y2, KV_LEN)
-    keep = ok[None, :] & (y0[None, :] >= lo0[:, None]) & (y0[None, :] < hi0[:, None])
-    keep = keep & (y1[None, :] >= lo1[:, None]) & (y1[None, :] < hi1[:, None])
-    keep = keep & (y2[None, :] >= lo2[:, None]) & (y2[None, :] < hi2[:, None])
-    return cols, keep
+    y2 = tl.where(ok, f2 + DIL2 * u2, -1)  # keys outside the box fail every row's lo2 <= y2
+    return y0, y1, y2, tl.where(ok, (y0 * N1 + y1) * N2 + y2, KV_LEN)
+
+
+@triton.jit
+def _keep(y0, y1, y2, lo0, hi0, lo1, hi1, lo2, hi2):
+    """[BLOCK_M, BLOCK_N] (row, key) in the mask; compares only on axes longer than 1
+    (padding rows have an empty axis-2 range)."""
+    keep = (y2[None, :] >= lo2[:, None]) & (y2[None, :] < hi2[:, None])
+    if N1 > 1:
+        keep = keep & (y1[None, :] >= lo1[:, None]) & (y1[None, :] < hi1[:, None])
+    if N0 > 1:
+        keep = keep & (y0[None, :] >= lo0[:, None]) & (y0[None, :] < hi0[:, None])
+    return keep
 '''
 
 _WALK = [
     "j0, j1, j2, rows, valid, lo0, hi0, lo1, hi1, lo2, hi2 = _patch(QCoord, Win, pid)",
     "f0, c0, f1, c1, f2, c2, n0, n1, n2 = _box(Region, j0, j1, j2)",
+    "k0, k1, k2 = _common(lo0, hi0, valid), _common(lo1, hi1, valid), _common(lo2, hi2, valid)",
 ]
 _LOOP = [
     "for t in range(0, n0 * n1 * n2):",
-    "    cols, keep = _key_tile(t, f0, c0, f1, c1, f2, c2, n1, n2, lo0, hi0, lo1, hi1, lo2, hi2)",
+    "    y0, y1, y2, cols = _key_tile(t, f0, c0, f1, c1, f2, c2, n1, n2)",
+    "    if _tile_full(t, f0, c0, f1, c1, f2, c2, n1, n2, k0, k1, k2):  # inside every window: no mask",
+    "        {STEP_FULL}",
+    "    else:",
+    "        keep = _keep(y0, y1, y2, lo0, hi0, lo1, hi1, lo2, hi2)",
+    "        {STEP}",
 ]
-# the 1-D tile steps' trailing arguments: (u, ub, ue, part) unused, MASK = 1 (keep), no runtime mask
+# the 1-D tile steps' trailing arguments: (u, ub, ue, part) unused, MASK = 0 (full tile) or
+# 1 (keep), no runtime mask
+_FULL_ARGS = "cols, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, CAPF"
 _STEP_ARGS = "cols, keep, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, CAPF"
+
+
+def _loop(step: str, indent: str = "") -> list[str]:
+    """The key-tile loop calling ``step`` (with ``{ARGS}``) unmasked on full tiles, masked elsewhere."""
+    full, part = step.replace("{ARGS}", _FULL_ARGS), step.replace("{ARGS}", _STEP_ARGS)
+    return [indent + x.replace("{STEP_FULL}", full).replace("{STEP}", part) for x in _LOOP]
 _SCALARS = "SCALE: tl.constexpr, CAPF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr"
 
 
@@ -163,8 +208,7 @@ def _fwd() -> tuple[str, list[str]]:
             "l_i = tl.zeros([BLOCK_M], tl.float32)",
             "acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)",
         ]
-        + _LOOP
-        + [f"    acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q, Kb, Vb, SCALE * LOG2E, {_STEP_ARGS})"]
+        + _loop("acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q, Kb, Vb, SCALE * LOG2E, {ARGS})")
         + [
             "# -- epilogue: normalise; fully masked rows give 0 and lse -inf",
             "l_use = tl.where(l_i > 0, l_i, 1.0)",
@@ -200,8 +244,7 @@ def _bwd_dq() -> tuple[str, list[str]]:
             "tl.store(Delta + lrow, delta, mask=valid)",
             "dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)",
         ]
-        + _LOOP
-        + [f"    dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, SCALE * LOG2E, {_STEP_ARGS})"]
+        + _loop("dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, SCALE * LOG2E, {ARGS})")
         + [
             "dq = dq * SCALE",
             "tl.store(DQ + bq + rows[:, None] * Q_ROW + offs_d[None, :], dq.to(DQ.dtype.element_ty),"
@@ -232,8 +275,7 @@ def _bwd_dkdv() -> tuple[str, list[str]]:
             "    Lb = Lse + (b * H + h).to(tl.int64) * Q_LEN",
             "    Db = Delta + (b * H + h).to(tl.int64) * Q_LEN",
         ]
-        + ["    " + x for x in _LOOP]
-        + [f"        dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lb, Db, SCALE * LOG2E, {_STEP_ARGS})"]
+        + _loop("dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lb, Db, SCALE * LOG2E, {ARGS})", "    ")
         + [
             "dk = dk * SCALE",
             "omask = valid[:, None] & (offs_d < D)[None, :]",
