@@ -104,28 +104,6 @@ def _patch(QCoord, Win, pid):
 
 
 @triton.jit
-def _common(lo, hi, valid):
-    """The keys every real row of the patch sees on one axis: [max lo, min hi)."""
-    return tl.max(tl.where(valid, lo, -1), 0), tl.min(tl.where(valid, hi, -1), 0)
-
-
-@triton.jit
-def _inside(t_a, f, c, KT: tl.constexpr, DIL: tl.constexpr, clo, chi):
-    """Whether key tile t_a of one axis lies in the box and in every row's window."""
-    u = t_a * KT
-    return (u + KT <= c) & (f + DIL * u >= clo) & (f + DIL * (u + KT - 1) < chi)
-
-
-@triton.jit
-def _tile_full(t, f0, c0, f1, c1, f2, c2, n1, n2, k0, k1, k2):
-    """Tile t needs no mask: inside the box and inside every real row's window on every axis
-    (k<a> = (common lo, common hi) of axis a)."""
-    full = _inside(t % n2, f2, c2, KT2, DIL2, k2[0], k2[1])
-    full = full & _inside((t // n2) % n1, f1, c1, KT1, DIL1, k1[0], k1[1])
-    return full & _inside(t // (n1 * n2), f0, c0, KT0, DIL0, k0[0], k0[1])
-
-
-@triton.jit
 def _box(Region, j0, j1, j2):
     """The patch's key box: first key coordinate and count per axis, tiles per axis."""
     f0 = tl.load(Region + j0 * 2)
@@ -167,28 +145,26 @@ def _keep(y0, y1, y2, lo0, hi0, lo1, hi1, lo2, hi2):
 _WALK = [
     "j0, j1, j2, rows, valid, lo0, hi0, lo1, hi1, lo2, hi2 = _patch(QCoord, Win, pid)",
     "f0, c0, f1, c1, f2, c2, n0, n1, n2 = _box(Region, j0, j1, j2)",
-    "k0, k1, k2 = _common(lo0, hi0, valid), _common(lo1, hi1, valid), _common(lo2, hi2, valid)",
 ]
+# Every tile is masked: an unmasked branch for tiles inside every window (one loop, the mask
+# under a run-time test) measured slower on an H100 (it stops the loads being pipelined;
+# benchmarks/NOTES.md), and tiles of small windows are rarely inside every row's window.
 _LOOP = [
     "for t in range(0, n0 * n1 * n2):",
     "    y0, y1, y2, cols = _key_tile(t, f0, c0, f1, c1, f2, c2, n1, n2)",
-    "    if _tile_full(t, f0, c0, f1, c1, f2, c2, n1, n2, k0, k1, k2):  # inside every window: no mask",
-    "        {STEP_FULL}",
-    "    else:",
-    "        keep = _keep(y0, y1, y2, lo0, hi0, lo1, hi1, lo2, hi2)",
-    "        {STEP}",
+    "    keep = _keep(y0, y1, y2, lo0, hi0, lo1, hi1, lo2, hi2)",
+    "    {STEP}",
 ]
-# the 1-D tile steps' trailing arguments: (u, ub, ue, part) unused, MASK = 0 (full tile) or
-# 1 (keep), no runtime mask
-_FULL_ARGS = "cols, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, CAPF"
+# the 1-D tile steps' trailing arguments: (u, ub, ue, part) unused, MASK = 1 (keep), no runtime mask
 _STEP_ARGS = "cols, keep, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, CAPF"
 
 
-def _loop(step: str, indent: str = "") -> list[str]:
-    """The key-tile loop calling ``step`` (with ``{ARGS}``) unmasked on full tiles, masked elsewhere."""
-    full, part = step.replace("{ARGS}", _FULL_ARGS), step.replace("{ARGS}", _STEP_ARGS)
-    return [indent + x.replace("{STEP_FULL}", full).replace("{STEP}", part) for x in _LOOP]
 _SCALARS = "SCALE: tl.constexpr, CAPF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr"
+
+
+def _loop(step: str, indent: str = "") -> list[str]:
+    """The key-tile loop calling ``step`` (its ``{ARGS}`` filled in) on every tile of the box."""
+    return [indent + x.replace("{STEP}", step.replace("{ARGS}", _STEP_ARGS)) for x in _LOOP]
 
 
 def _fwd() -> tuple[str, list[str]]:
