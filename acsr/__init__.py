@@ -14,7 +14,6 @@ from acsr._build import (
     from_row_chunks,
     from_runs,
     residual_from_csr,
-    runs_are_canonical,
     to_csr,
     transpose,
     validate,
@@ -37,7 +36,14 @@ from acsr._plan import (
     tile_cover,
     walk_plan,
 )
-from acsr._runs import csr_from_runs, dense_from_runs, merge_intervals, runs_from_csr, runs_from_dense
+from acsr._runs import (
+    csr_from_runs,
+    dense_from_runs,
+    merge_intervals,
+    runs_are_canonical,
+    runs_from_csr,
+    runs_from_dense,
+)
 
 __all__ = [
     "ACSR",

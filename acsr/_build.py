@@ -1,4 +1,9 @@
-"""Building ACSR layouts: from canonical runs, from dense masks, transposes, checks."""
+"""Building ACSR layouts: from canonical runs, from dense masks, transposes, checks.
+
+Every builder that sees a mask's rows (runs, CSR, dense chunks) asks
+:mod:`acsr._grid_detect` whether a square mask with rows of many runs is a grid
+product, so that it gets :func:`from_grid`'s layout, as its constructor would.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +11,9 @@ import numpy as np
 
 from acsr._format import ACSR, MAX_SEGMENTS, BlockResidual, LayoutError, Segment
 from acsr._grid import GridWindows, canonical
+from acsr._grid_detect import GridRows, find_grid, grid_of_runs
 from acsr._law import _canonical, fit_closed_form
-from acsr._runs import csr_from_runs, merge_intervals, runs_from_csr, runs_from_dense
+from acsr._runs import csr_from_runs, merge_intervals, runs_are_canonical, runs_from_csr, runs_from_dense
 
 DEFAULT_BLOCK = (64, 64)
 
@@ -31,9 +37,21 @@ def from_runs(
     """Layout from canonical per-row runs ``[q_len, K]`` (see ``acsr._runs``).
 
     Rows needing at most :data:`MAX_SEGMENTS` runs become segments with fitted
-    closed forms; a mask with any row needing more goes to the residual whole.
+    closed forms. A square mask with a row needing more that is a grid product
+    (:mod:`acsr._grid_detect`, checked on every row) gets :func:`from_grid`'s
+    layout; any other goes to the residual whole.
     """
     q_len, kv_len = _check_len("q_len", q_len), _check_len("kv_len", kv_len)
+    if base.shape[1] > MAX_SEGMENTS and q_len == kv_len:
+        windows = grid_of_runs(base, stride, count)
+        if windows is not None:
+            return from_grid(windows, block=block)
+    return _runs_layout(q_len, kv_len, base, stride, count, block, closed_forms)
+
+
+def _runs_layout(q_len, kv_len, base, stride, count, block, closed_forms=True) -> ACSR:
+    """Segments from canonical runs, or the residual where a row needs more than
+    :data:`MAX_SEGMENTS` (no search for a grid: :func:`from_grid` builds its own rows here)."""
     k = base.shape[1]
     if k <= MAX_SEGMENTS:
         segs = []
@@ -46,25 +64,6 @@ def from_runs(
     return ACSR(q_len, kv_len, (), residual_from_csr(indptr, cols, q_len, kv_len, block))
 
 
-def runs_are_canonical(base: np.ndarray, count: np.ndarray, step: int) -> bool:
-    """Whether ascending progressions of stride ``step`` ``[S, R]`` (live runs first)
-    are already the canonical decomposition of ``acsr._runs``.
-
-    They are when no row holds a single-column run beside other runs (the
-    canonical form would group isolated columns differently) and no run joins
-    the next one: the gap from a run's last column to the next run's first is
-    neither 1 (neighbours: one contiguous run) nor ``step`` (the progression
-    would go on).
-    """
-    live = count > 0
-    several = live.sum(axis=1) > 1
-    if np.any((count == 1) & several[:, None]):
-        return False
-    last = base + step * (count - 1)
-    gap = base[:, 1:] - last[:, :-1]
-    return not np.any(live[:, 1:] & ((gap == 1) | (gap == step)))
-
-
 def from_grid(windows: GridWindows, *, block: tuple[int, int] = DEFAULT_BLOCK) -> ACSR:
     """The layout of a grid product (:mod:`acsr._grid`): a grid layout of its canonical
     form when that keeps two or more axes and some row needs more than
@@ -73,17 +72,13 @@ def from_grid(windows: GridWindows, *, block: tuple[int, int] = DEFAULT_BLOCK) -
     w = canonical(windows)
     s = w.size
     base, stride, count = w.product_runs()
-    if len(w.axes) >= 2 and base.shape[1] > MAX_SEGMENTS:
-        step = w.axes[-1].dilation
-        if runs_are_canonical(base, count, step):
-            return ACSR(s, s, (), None, grid=w)
-        indptr, cols = w.csr()
-        if runs_from_csr(indptr, cols)[0].shape[1] > MAX_SEGMENTS:
-            return ACSR(s, s, (), None, grid=w)
-        return from_csr(s, s, indptr, cols, block=block)
     if runs_are_canonical(base, count, w.axes[-1].dilation):
-        return from_runs(s, s, base, stride, count, block=block)
-    return from_csr(s, s, *w.csr(), block=block)
+        runs = base, stride, count
+    else:
+        runs = runs_from_csr(*w.csr())
+    if len(w.axes) >= 2 and base.shape[1] > MAX_SEGMENTS and runs[0].shape[1] > MAX_SEGMENTS:
+        return ACSR(s, s, (), None, grid=w)
+    return _runs_layout(s, s, *runs, block)
 
 
 def residual_from_csr(indptr, cols, q_len: int, kv_len: int, block=DEFAULT_BLOCK) -> BlockResidual:
@@ -121,19 +116,15 @@ def from_row_chunks(q_len: int, kv_len: int, chunks, **kw) -> ACSR:
     return from_runs(q_len, kv_len, _pad_k(bs, 0), _pad_k(ss, 1), _pad_k(cs, 0), **kw)
 
 
-def _certainly_residual(chunk: np.ndarray) -> bool:
-    """True when some row surely needs more than MAX_SEGMENTS canonical runs.
-
-    A lower bound per row: its contiguous runs (two or more adjacent columns),
-    plus one if it has any isolated column.
-    """
+def _run_bound(chunk: np.ndarray) -> np.ndarray:
+    """A lower bound on each row's canonical runs, int64 ``[rows]``: its contiguous
+    runs (two or more adjacent columns), plus one if it has any isolated column."""
     left = np.zeros_like(chunk)
     left[:, 1:] = chunk[:, :-1]
     right = np.zeros_like(chunk)
     right[:, :-1] = chunk[:, 1:]
     start = chunk & ~left
-    bound = (start & right).sum(axis=1) + (start & ~right).any(axis=1)
-    return bool(bound.max(initial=0) > MAX_SEGMENTS)
+    return (start & right).sum(axis=1) + (start & ~right).any(axis=1)
 
 
 def _residual_chunk(chunk: np.ndarray, block) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -156,12 +147,23 @@ def _residual_chunk(chunk: np.ndarray, block) -> tuple[np.ndarray, np.ndarray, n
 
 
 def from_dense_chunks(
-    q_len: int, kv_len: int, make_chunk, *, block=DEFAULT_BLOCK, chunk_rows: int = 1024
+    q_len: int,
+    kv_len: int,
+    make_chunk,
+    *,
+    block=DEFAULT_BLOCK,
+    chunk_rows: int = 1024,
+    make_rows=None,
 ) -> ACSR:
     """Layout of a mask given as ``make_chunk(r0, r1) -> bool [r1 - r0, kv_len]``.
 
-    Peak memory is one chunk plus the layout; an irregular mask (some row needs
-    more than MAX_SEGMENTS runs) is detected cheaply and stored as a residual.
+    Peak memory is one chunk plus the layout. An irregular mask (some row needs
+    more than MAX_SEGMENTS runs) is detected cheaply; if it is square and a grid
+    product (:mod:`acsr._grid_detect`: found from a few rows, then compared with
+    every chunk) it gets :func:`from_grid`'s layout, else it is stored as a
+    residual. ``make_rows(rows) -> bool [len(rows), kv_len]``, for ascending row
+    indices, reads the scattered rows that search needs (default: through
+    ``make_chunk``, one call per run of consecutive rows).
     """
     q_len, kv_len = _check_len("q_len", q_len), _check_len("kv_len", kv_len)
     step = max(block[0], chunk_rows // block[0] * block[0])
@@ -169,11 +171,17 @@ def from_dense_chunks(
     parts = []
     for r0 in starts:
         c = make_chunk(r0, min(q_len, r0 + step))
-        if _certainly_residual(c):
+        bound = _run_bound(c)
+        if bound.max(initial=0) > MAX_SEGMENTS:
             break
         parts.append(runs_from_dense(c))
     else:
         return from_row_chunks(q_len, kv_len, parts, block=block)
+    if q_len == kv_len:
+        rows = make_rows or _rows_from_chunks(make_chunk)
+        windows = _grid_of_chunks(q_len, make_chunk, rows, parts, (r0, c), r0 + int(np.argmax(bound)), step)
+        if windows is not None:
+            return from_grid(windows, block=block)
     pieces = [_residual_chunk(make_chunk(r0, min(q_len, r0 + step)), block) for r0 in starts]
     width = max(p[0].shape[1] for p in pieces)
     kv_blocks = np.concatenate(
@@ -186,6 +194,48 @@ def from_dense_chunks(
     return ACSR(q_len, kv_len, (), BlockResidual(block[0], block[1], kv_blocks, num, bits))
 
 
+def _rows_from_chunks(make_chunk):
+    """``make_rows`` through ``make_chunk``: one call per run of consecutive rows."""
+
+    def make_rows(rows: np.ndarray) -> np.ndarray:
+        groups = np.split(rows, np.flatnonzero(np.diff(rows) != 1) + 1)
+        return np.concatenate([make_chunk(int(g[0]), int(g[-1]) + 1) for g in groups])
+
+    return make_rows
+
+
+def _grid_of_chunks(size: int, make_chunk, make_rows, parts, current, ref: int, step: int):
+    """The grid product equal to a square mask given as chunks, or None.
+
+    ``parts``: canonical runs of the chunks already read (rows ``0 ..``); ``current``:
+    ``(r0, chunk)``, the chunk read last (the first with a row of many runs, ``ref``).
+    The candidate is compared with those, then with every later chunk as it is made.
+    """
+
+    def read(rows):
+        rows_hit, cols = np.nonzero(make_rows(rows))
+        indptr = np.zeros(rows.size + 1, np.int64)
+        np.cumsum(np.bincount(rows_hit, minlength=rows.size), out=indptr[1:])
+        return indptr, cols.astype(np.int64)
+
+    windows = find_grid(size, read, ref)
+    if windows is None:
+        return None
+    check = GridRows(windows)
+    r = 0
+    for base, stride, count in parts:
+        if not check.equals_runs(r, base, stride, count):
+            return None
+        r += base.shape[0]
+    at, chunk = current
+    if not check.equals_dense(at, chunk):
+        return None
+    for r0 in range(at + step, size, step):
+        if not check.equals_dense(r0, make_chunk(r0, min(size, r0 + step))):
+            return None
+    return windows
+
+
 def from_dense(mask, *, block: tuple[int, int] = DEFAULT_BLOCK, chunk_rows: int = 1024) -> ACSR:
     """Layout of a boolean ``[q_len, kv_len]`` array (numpy or a concrete jax array)."""
     mask = np.asarray(mask)
@@ -194,7 +244,14 @@ def from_dense(mask, *, block: tuple[int, int] = DEFAULT_BLOCK, chunk_rows: int 
     if mask.dtype != np.bool_:
         raise TypeError(f"mask must be a boolean array, got dtype {mask.dtype}")
     q_len, kv_len = mask.shape
-    return from_dense_chunks(q_len, kv_len, lambda r0, r1: mask[r0:r1], block=block, chunk_rows=chunk_rows)
+    return from_dense_chunks(
+        q_len,
+        kv_len,
+        lambda r0, r1: mask[r0:r1],
+        block=block,
+        chunk_rows=chunk_rows,
+        make_rows=lambda rows: mask[rows],
+    )
 
 
 def to_csr(layout: ACSR) -> tuple[np.ndarray, np.ndarray]:

@@ -25,11 +25,17 @@ count       int32  [length]    number of key coordinates seen (>= 0)
 coordinates; it is 1 on an axis whose counts are all <= 1.
 
 **Canonical form** (:func:`canonical`), so that one mask has one layout: axes of
-length 1 are dropped, and an inner axis that every query sees whole (``first
-== 0``, ``count == length``), or in one key only, is merged into the axis
-outside it (the pair is then one progression on the merged axis). A product
-that stays at two or more axes and needs more than ``MAX_SEGMENTS`` progressions
-in some row is stored as a grid; otherwise its rows become segments.
+length 1 are dropped (unless they see nothing), every axis is split into the
+shorter axes it is a product of (:mod:`acsr._grid_factor`: block-aligned
+windows, a dilation that divides the axis, ...), and then an inner axis that
+every query sees whole (``first == 0``, ``count == length``), or in one key
+only, is merged into the axis outside it (the pair is then one progression on
+the merged axis), innermost pair first. Splitting first makes the form follow
+the mask rather than the grid it was written on, so the same mask written on
+another grid, or found in a dense array (:mod:`acsr._grid_detect`), gets the
+same layout. A product that stays at two or more axes and needs more than
+``MAX_SEGMENTS`` progressions in some row is stored as a grid; otherwise its
+rows become segments.
 """
 
 from __future__ import annotations
@@ -230,9 +236,14 @@ def _merge(outer: GridAxis, inner: GridAxis) -> GridAxis | None:
 
 
 def canonical(windows: GridWindows) -> GridWindows:
-    """The canonical form (module docstring): length-1 axes dropped, full or single-key inner
-    axes merged outwards, until nothing changes."""
-    axes = [a for a in windows.axes if a.length > 1] or list(windows.axes[-1:])
+    """The canonical form (module docstring): length-1 axes dropped, every axis split into
+    the factors it is a product of (:func:`acsr._grid_factor.refine`, so that the form does
+    not depend on the grid the mask was written on), then full or single-key inner axes
+    merged outwards, innermost pair first, until nothing changes."""
+    from acsr._grid_factor import refine  # builds on this module's tables
+
+    kept = [a for a in windows.axes if a.length > 1 or not a.count.all()]  # an empty one empties all
+    axes = refine(kept or list(windows.axes[-1:]))
     changed = True
     while changed and len(axes) > 1:
         changed = False

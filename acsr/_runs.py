@@ -182,3 +182,22 @@ def merge_intervals(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndar
     if np.any((count == 1).sum(axis=1) >= 2):
         return None
     return np.where(count > 0, base, 0), count
+
+
+def runs_are_canonical(base: np.ndarray, count: np.ndarray, step: int) -> bool:
+    """Whether ascending progressions of stride ``step`` ``[S, R]`` (live runs first)
+    are already the canonical decomposition of ``acsr._runs``.
+
+    They are when no row holds a single-column run beside other runs (the
+    canonical form would group isolated columns differently) and no run joins
+    the next one: the gap from a run's last column to the next run's first is
+    neither 1 (neighbours: one contiguous run) nor ``step`` (the progression
+    would go on).
+    """
+    live = count > 0
+    several = live.sum(axis=1) > 1
+    if np.any((count == 1) & several[:, None]):
+        return False
+    last = base + step * (count - 1)
+    gap = base[:, 1:] - last[:, :-1]
+    return not np.any(live[:, 1:] & ((gap == 1) | (gap == step)))

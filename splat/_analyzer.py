@@ -161,16 +161,18 @@ def report(
     if head_dim is not None or dtype is not None:
         backend["backend"] = _auto_backend(layout, head_dim, dtype)
     m = _as_mask(mask)
+    found_in = "array" if isinstance(m, _masks.FromArray) else "function" if m is not None else "layout"
     if m is not None and not isinstance(m, (_masks.FromArray, _masks.FromFn)):
         family = repr(m)
+    elif layout.grid is not None:
+        grid = "x".join(map(str, layout.grid.grid))
+        family = f"grid product {grid} (per-axis windows, found in {found_in})"
     elif layout.residual is not None:
         family = "irregular (block-sparse residual)"
     else:
         strides = {s.uniform_stride for s in layout.segments}
         kind = "strided/dilated" if strides - {1} else "contiguous"
-        family = (
-            f"{kind}, {len(layout.segments)} segment(s) (found in {'array' if m is not None else 'layout'})"
-        )
+        family = f"{kind}, {len(layout.segments)} segment(s) (found in {found_in})"
     rc = layout.row_counts()
     segs = tuple(
         SegmentReport(

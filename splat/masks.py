@@ -51,8 +51,13 @@ class Mask:
 
     def _dense_rows(self, r0: int, r1: int, kv_len: int) -> np.ndarray:
         """Boolean ``[r1 - r0, kv_len]`` rows of the mask, from the predicate."""
-        q = np.arange(r0, r1)[:, None]
-        return np.broadcast_to(np.asarray(self(q, np.arange(kv_len)[None, :]), dtype=bool), (r1 - r0, kv_len))
+        return self._dense_rows_at(np.arange(r0, r1), kv_len)
+
+    def _dense_rows_at(self, rows: np.ndarray, kv_len: int) -> np.ndarray:
+        """Boolean ``[len(rows), kv_len]``: the mask's rows ``rows`` (int ``[r]``), from the predicate."""
+        q = np.asarray(rows)[:, None]
+        out = np.asarray(self(q, np.arange(kv_len)[None, :]), dtype=bool)
+        return np.broadcast_to(out, (q.shape[0], kv_len))
 
     def to_acsr(self, q_len: int, kv_len: int | None = None, *, block=acsr.DEFAULT_BLOCK) -> ACSR:
         """The mask's layout for ``q_len`` queries and ``kv_len`` keys (default ``q_len``)."""
@@ -88,6 +93,7 @@ def _to_acsr(mask: Mask, q_len: int, kv_len: int, block: tuple[int, int]) -> ACS
         lambda r0, r1: mask._dense_rows(r0, r1, kv_len),
         block=block,
         chunk_rows=max(1, _CHUNK_ELEMS // kv_len),
+        make_rows=lambda rows: mask._dense_rows_at(rows, kv_len),
     )
 
 
@@ -405,6 +411,9 @@ class FromArray(Mask):
     def _dense_rows(self, r0, r1, kv_len):
         return self.array[r0:r1]
 
+    def _dense_rows_at(self, rows, kv_len):
+        return self.array[rows]
+
 
 @dataclass(frozen=True)
 class FromFn(Mask):
@@ -500,7 +509,10 @@ def from_fn(fn: Callable) -> Mask:
     """A vectorised mask function ``fn(q_idx, kv_idx) -> bool`` on numpy int arrays.
 
     It is called on ``[rows, 1]`` and ``[1, kv_len]`` index arrays, a chunk of
-    rows at a time, so the full ``q_len x kv_len`` grid never sits in memory.
+    rows at a time, so the full ``q_len x kv_len`` grid never sits in memory
+    (and, for a square mask with rows of many runs, on a few scattered rows
+    first, to find a grid product such as a neighbourhood written on flat
+    indices: it then gets the layout ``neighborhood`` builds).
 
     Example:
       >>> from splat import masks

@@ -163,9 +163,18 @@ def test_q_offset_is_exact_and_named_as_pure_jax_only():
     np.testing.assert_allclose(out[:, 0], full[:, -1], rtol=1e-5, atol=1e-5)
 
 
-def test_neighbourhood_masks_go_to_the_residual():
+def test_neighbourhood_masks_are_grids_that_run_as_the_residual():
     w, r = 16, 3  # 7 x 7 windows on a 16 x 16 image, flattened
-    nb = masks.from_fn(lambda a, b: (np.abs(a // w - b // w) <= r) & (np.abs(a % w - b % w) <= r))
+
+    def near(a, b):
+        return (np.abs(a // w - b // w) <= r) & (np.abs(a % w - b % w) <= r)
+
+    nb = masks.from_fn(near)
     rep = splat.report(nb, q_len=w * w)
+    assert "grid product 16x16 (per-axis windows, found in function)" in rep.family
+    assert _in_readme("shows `grid product 16x16 (per-axis windows, found in function)`")
+    assert splat.analyze(nb, w * w).flat.residual is not None  # what backends run today
+    assert _in_readme("they run the layout's flat rows, a block-sparse residual")
+    rep = splat.report(lambda a, b: near(a, b) | (a < 2) | (b < 2), q_len=w * w)  # register tokens
     assert "irregular (block-sparse residual)" in rep.family and rep.residual_blocks > 0
     assert _in_readme("shows `irregular (block-sparse residual)`")

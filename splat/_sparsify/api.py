@@ -34,7 +34,10 @@ How it works (the *recognisable subgraph* approach; nothing is monkey-patched):
    ``broadcast_in_dim``/``transpose``/``reshape`` map indices, constants are
    gathered), in row chunks, so S x S is never materialised at once. Equal
    slices share one Mask value (a 12-layer model analyses each distinct mask
-   once).
+   once). The analyzer finds grid products in such a predicate's rows
+   (``acsr._grid_detect``): a neighbourhood written on flat token indices with
+   ``//`` and ``%``, ``jnp.unravel_index`` or a reshaped ``[h, w, h, w]`` mask
+   gets the grid layout ``masks.neighborhood`` builds.
 4. The jaxpr is re-evaluated with each matched ``P @ V`` replaced by
    ``splat.attention`` on the matched Q, K, V (rearranged to ``[B, S, H, D]``,
    grouped-query heads kept). Everything else, including any other use of the
