@@ -117,45 +117,32 @@ def _flex(mask, q, k, v, do, mode):
 
 
 def _sweep(a) -> None:
-    """Forward time under each config of ``--fwd-tiles``, forward+backward time under each
-    config of ``--bwd-tiles`` (used for both dq and dk/dv), of each case."""
+    """Forward time of each case under each grid-kernel config of ``--fwd-tiles``."""
     from jax_bindings._triton import grid_plan as gp
 
     default = gp._tiles_for
     rng = np.random.default_rng(0)
     rows = []
-    runs = [("fwd", c) for c in a.fwd_tiles] + [("bwd", c) for c in a.bwd_tiles]
-    for which, cfg in runs:
+    for cfg in a.fwd_tiles:
         tiles = tuple(int(x) for x in cfg.split(","))
-
-        def pick(op, *args, tiles=tiles, which=which):
-            return tiles if (op == "fwd") == (which == "fwd") else default(op, *args)
-
-        gp._tiles_for = pick
+        gp._tiles_for = lambda op, tiles=tiles: tiles if op == "fwd" else default(op)
         gp.grid_plan.cache_clear()
         jax.clear_caches()
         for name in a.cases:
             grid, kern, kw = CASES[name]
             mask = masks.neighborhood(grid, kern, **kw)
             s, h, d = mask.size, a.heads, 128
-            q, k, v, do = (jnp.asarray(rng.standard_normal((1, s, h, d)), jnp.bfloat16) for _ in range(4))
-
-            def fwd(q, k, v, mask=mask):
-                return splat.attention(q, k, v, mask, backend="triton")
-
-            def fwdbwd(q, k, v, fwd=fwd, do=do):
-                return jax.grad(lambda q, k, v: (fwd(q, k, v).astype(jnp.float32) * do).sum(), (0, 1, 2))(
-                    q, k, v
-                )
-
+            q, k, v = (jnp.asarray(rng.standard_normal((1, s, h, d)), jnp.bfloat16) for _ in range(3))
             try:
-                ms = _time_jax(fwd if which == "fwd" else fwdbwd, q, k, v)
+                ms = _time_jax(
+                    lambda q, k, v, mask=mask: splat.attention(q, k, v, mask, backend="triton"), q, k, v
+                )
             except Exception as e:  # a config the compiler refuses: say so, go on
-                print(f"{name:8s} {which} {cfg:14s} failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+                print(f"{name:8s} {cfg:14s} failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
                 continue
-            tf = (4 if which == "fwd" else 10) * h * mask.to_acsr().nnz * d / ms / 1e9
-            rows.append({"case": name, "mode": which, "tiles": tiles, "ms": ms, "tflops": tf})
-            print(f"{name:8s} {which} {cfg:14s} {ms:8.3f} ms {tf:7.1f} TF/s", flush=True)
+            tf = 4 * h * mask.to_acsr().nnz * d / ms / 1e9
+            rows.append({"case": name, "fwd_tiles": tiles, "ms": ms, "tflops": tf})
+            print(f"{name:8s} {cfg:14s} {ms:8.3f} ms {tf:7.1f} TF/s", flush=True)
     gp._tiles_for = default
     if a.out:
         with open(a.out, "w") as f:
@@ -171,9 +158,8 @@ def main() -> None:
     ap.add_argument(
         "--fwd-tiles", nargs="*", default=[], help="forward configs bm,bn,warps,stages to time (no Flex)"
     )
-    ap.add_argument("--bwd-tiles", nargs="*", default=[], help="dq and dk/dv configs to time (fwd+bwd)")
     a = ap.parse_args()
-    if a.fwd_tiles or a.bwd_tiles:
+    if a.fwd_tiles:
         _sweep(a)
         return
     h, d = a.heads, 128

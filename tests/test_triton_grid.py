@@ -26,7 +26,7 @@ CASES = [
     ((8, 12), (5, 5), {"is_causal": (True, False)}),
     ((4, 5, 6), (3, 3, 5), {"is_causal": (True, False, False)}),
     ((3, 6, 6), (2, 3, 3), {"dilation": (1, 2, 1), "stride": (1, 1, 2)}),
-    ((16, 16), (15, 15), {}),
+    ((16, 16), (15, 15), {}),  # key tiles inside every window: the unmasked branch
 ]
 
 
@@ -52,41 +52,6 @@ def test_grid_kernels_match_the_reference(grid, kernel, kw):
     grads = attention_grads_ref(q, k, v, mask, scale, do)
     for got, want, what in zip((dq, dk, dv), grads, ("dq", "dk", "dv"), strict=True):
         _close(got, want, 1e-5, what)
-
-
-@pytest.mark.parametrize(
-    ("grid", "kernel", "kw"),
-    [
-        ((20, 24), (17, 19), {}),  # 28% of the walked tiles lie inside every window of their patch
-        ((12, 11), (5, 3), {"dilation": (2, 3)}),  # no full tile: the edge loop walks every tile
-        ((4, 5, 6), (3, 3, 5), {"is_causal": (True, False, False)}),
-    ],
-)
-def test_split_walk_matches_the_reference(monkeypatch, grid, kernel, kw):
-    """The split walk (edge tiles masked, then the block of full tiles unmasked), forced on."""
-    from jax_bindings._triton import grid_plan as gp
-
-    monkeypatch.setattr(gp, "SPLIT_FRACTION", 0.0)
-    gp.grid_plan.cache_clear()
-    layout = masks.neighborhood(grid, kernel, **kw).to_acsr()
-    assert gp.grid_plan("fwd", layout.grid, "float32", 16, 2, 1).spec.split
-    q, k, v, do = _inputs(layout, seed=4, B=1, H=2, Hkv=1)
-    mask = layout.to_dense()
-    out, lse, dq, dk, dv = _run(layout, q, k, v, do, 0.3)
-    _close(out, attention_ref(q, k, v, mask, 0.3)[0], 1e-5, "out")
-    grads = attention_grads_ref(q, k, v, mask, 0.3, do)
-    for got, want, what in zip((dq, dk, dv), grads, ("dq", "dk", "dv"), strict=True):
-        _close(got, want, 1e-5, what)
-    gp.grid_plan.cache_clear()
-
-
-def test_large_windows_take_the_split_walk():
-    from jax_bindings._triton import grid_plan as gp
-
-    big = masks.neighborhood((128, 128), 63).to_acsr()
-    small = masks.neighborhood((128, 128), 15).to_acsr()
-    assert gp.grid_plan("fwd", big.grid, "bfloat16", 128, 16, 16).spec.split
-    assert not gp.grid_plan("fwd", small.grid, "bfloat16", 128, 16, 16).spec.split
 
 
 def test_fully_masked_rows_give_zero_and_zero_gradients():
@@ -156,7 +121,6 @@ def test_grid_layouts_refuse_runtime_masks_and_tiles():
     [
         ((16, 20), (7, 5), {}, 2, 1, 128, "bfloat16"),
         ((20, 24), (17, 19), {}, 2, 2, 256, "bfloat16"),
-        ((48, 48), (31, 31), {}, 2, 1, 128, "bfloat16"),  # the split walk (forward and dq)
         ((24, 24), (7, 7), {"dilation": 2}, 4, 2, 64, "float16"),
         ((6, 12, 12), (3, 5, 5), {"is_causal": (True, False, False)}, 2, 2, 128, "bfloat16"),
         ((15, 17), (6, 4), {"stride": (2, 3)}, 2, 2, 256, "float32"),

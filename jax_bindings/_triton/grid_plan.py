@@ -47,8 +47,6 @@ class GridSpec:
 
     ``grid``/``dilation`` are the layout's axes padded to 3 (for ``bwd_dkdv`` the
     transposed windows: rows are keys). ``patches[a]``: patches along axis ``a``.
-    ``split``: walk the key tiles inside every window of a patch in a loop of their own,
-    unmasked (chosen where they are at least :data:`SPLIT_FRACTION` of the tiles walked).
     """
 
     op: str
@@ -63,7 +61,6 @@ class GridSpec:
     num_kv_heads: int
     num_warps: int = 4
     num_stages: int = 2
-    split: bool = False
     ordered: bool = False  # the launch helper's field for 1-D kernels; grid programs are never reordered
 
     @property
@@ -183,32 +180,6 @@ _PREFERRED = {
 }
 
 
-# Fraction of walked key tiles inside every window of their patch from which the kernels walk
-# them in an unmasked loop of their own (a second loop costs its pipeline's prologue).
-SPLIT_FRACTION = 0.3
-
-
-def _full_fraction(axes, parts, k_tile) -> float:
-    """Fraction of the key tiles all patches walk that lie inside every window of their patch
-    (separable: a product over axes of per-axis sums over patches)."""
-    full = total = 1
-    for a, (coords, region), kt in zip(axes, parts, k_tile, strict=True):
-        d = a.dilation
-        t = coords.reshape(len(region), -1)
-        real = t >= 0
-        x = np.where(real, t, 0)
-        clo = np.where(real, a.first[x], -(1 << 30)).max(axis=1)
-        chi = np.where(real, a.end()[x], 1 << 30).min(axis=1)
-        f, c = region[:, 0], region[:, 1]
-        n = -(-c // kt)
-        lo = np.where(clo > f, -(-(clo - f) // (d * kt)), 0)
-        top = chi - 1 - f - d * (kt - 1)
-        hi = np.minimum(np.minimum(np.where(top >= 0, top // (d * kt) + 1, 0), c // kt), n)
-        full *= int(np.maximum(hi - lo, 0).sum())
-        total *= int(n.sum())
-    return full / max(total, 1)
-
-
 def _tiles_for(op: str, head_dim: int = 128, dtype: str = "bfloat16") -> tuple[int, int, int, int]:
     """(block_m, block_n, num_warps, num_stages) of the grid kernel ``op``: the first preferred
     config whose shared memory and registers (:func:`jax_bindings._triton.cost.resources`) fit."""
@@ -245,7 +216,6 @@ def grid_plan(op: str, windows: GridWindows, dtype: str, head_dim: int, num_head
         win[i, : a.length, 0] = a.first
         win[i, : a.length, 1] = a.end()
     patches = tuple(int(r.shape[0]) for r in region)
-    split = _full_fraction(axes, parts, k_tile) >= SPLIT_FRACTION
     spec = GridSpec(
         op,
         tuple(a.length for a in axes),
@@ -259,7 +229,6 @@ def grid_plan(op: str, windows: GridWindows, dtype: str, head_dim: int, num_head
         num_kv_heads,
         warps,
         stages,
-        split,
     )
     meta = tuple(m for m in (qcoord, reg, win))
     for m in meta:
