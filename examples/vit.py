@@ -313,7 +313,7 @@ def loss_fn(params, images, labels, cfg: ViTConfig, attention: str = "splat") ->
 # -----------------------------------------------------------------------------
 
 
-def make_train_step(cfg: ViTConfig, attention: str = "splat", *, lr: float = 1e-3):
+def make_train_step(cfg: ViTConfig, attention: str = "splat", *, lr: float = 3e-3):
     """A jitted ``step(params, opt_state, images, labels) -> (params, opt_state, loss, accuracy)``.
 
     Adam as ``examples.gpt_jax``'s; ``loss`` and ``accuracy`` are the batch's before
