@@ -1,4 +1,8 @@
-"""The GPU benchmark suite: every ``splat.catalogue.BENCH`` pattern against every peer.
+"""The GPU benchmark suite: every pattern of ``splat.catalogue.suite()`` against every peer.
+
+``BENCH`` patterns run at each ``--lengths`` S; the neighborhood patterns of
+``GRID`` (2-D images, 3-D video) exist only at their grid's S = 16384 and run
+there once (``splat.tools.bench.pattern_lengths``).
 
 Writes ``benchmarks/results/<device>-<date>.json`` and a PNG beside it. Peers that
 are not installed or do not support a mask are skipped with the reason printed
@@ -53,7 +57,7 @@ def main(argv: list[str] | None = None) -> dict:
     if jax.default_backend() != "gpu":
         print("warning: no GPU visible to JAX; timing the CPU instead", file=sys.stderr)
     quick = bench.BenchConfig.defaults(quick=True) if args.quick else {}
-    names = list(args.patterns) if args.patterns else list(catalogue.BENCH)
+    names = list(args.patterns) if args.patterns else catalogue.suite()
     if args.quick:
         names = names[:3]
     result, out = None, args.out

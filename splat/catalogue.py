@@ -12,11 +12,16 @@ dict            what it holds
 ``ODD``         ``name -> Shaped(q_len, kv_len, mask)``: test masks at odd, sometimes
                 rectangular sizes, including irregular ones (a random mask, a mask
                 with empty rows) that need the block-sparse residual
+``GRID``        neighborhood attention on token grids (images, video), NATTEN's
+                na2d / na3d: each mask exists only at its grid's S = prod(grid)
+                (16384 here), so ``splat bench`` runs it there, whatever ``--lengths``
+``GRID_SMALL``  the ``GRID`` patterns on small grids, for tests
 ==============  ======================================================================
 
-``named(name)`` looks a benchmark name up in ``BENCH`` then ``BASELINES`` (the
-names ``splat bench --patterns`` accepts); ``random_mask`` makes an irregular
-mask of any size. Mask expressions (``masks.parse``) cover everything else.
+``named(name)`` looks a benchmark name up in ``BENCH``, ``GRID`` then
+``BASELINES`` (the names ``splat bench --patterns`` accepts; ``suite()`` the
+ones it runs by default); ``random_mask`` makes an irregular mask of any size.
+Mask expressions (``masks.parse``) cover everything else.
 
 Example:
   >>> from splat import catalogue
@@ -36,7 +41,19 @@ import numpy as np
 from splat import masks
 from splat.masks import Mask
 
-__all__ = ["BASELINES", "BENCH", "ODD", "SMALL", "Shaped", "named", "names", "random_mask"]
+__all__ = [
+    "BASELINES",
+    "BENCH",
+    "GRID",
+    "GRID_SMALL",
+    "ODD",
+    "SMALL",
+    "Shaped",
+    "named",
+    "names",
+    "random_mask",
+    "suite",
+]
 
 BENCH: dict[str, Mask] = {
     "sliding_window": masks.sliding_window(256, 256),
@@ -46,6 +63,26 @@ BENCH: dict[str, Mask] = {
     "strided": masks.strided(64),
     "global_window": masks.global_tokens(4) | masks.sliding_window(256, 256),
     "sink_causal_window": masks.sink(4) | masks.sliding_window(1023, 0),
+}
+
+# Neighborhood attention on a 128 x 128 image grid and a 16 x 32 x 32 video grid (S = 16384 each).
+# neighborhood_2d_k7 is the undilated twin of neighborhood_2d_dilated (same nnz, keys 2 apart).
+GRID: dict[str, Mask] = {
+    "neighborhood_2d": masks.neighborhood((128, 128), 15),
+    "neighborhood_2d_k7": masks.neighborhood((128, 128), 7),
+    "neighborhood_2d_dilated": masks.neighborhood((128, 128), 7, dilation=2),
+    "neighborhood_2d_k63": masks.neighborhood((128, 128), 63),
+    "neighborhood_3d": masks.neighborhood((16, 32, 32), (5, 9, 9), is_causal=(True, False, False)),
+}
+
+# The GRID patterns on grids of a hundred-odd tokens, for tests (the dilated one with an axis of
+# odd length, so its two phases differ in length; the 3-D one causal in time only).
+GRID_SMALL: dict[str, Mask] = {
+    "neighborhood_2d": masks.neighborhood((12, 10), 5),
+    "neighborhood_2d_k7": masks.neighborhood((12, 10), 3),
+    "neighborhood_2d_dilated": masks.neighborhood((12, 11), 3, dilation=2),
+    "neighborhood_2d_k63": masks.neighborhood((12, 10), 9),
+    "neighborhood_3d": masks.neighborhood((5, 6, 7), (3, 3, 5), is_causal=(True, False, False)),
 }
 
 BASELINES: dict[str, Mask] = {
@@ -121,17 +158,23 @@ ODD: dict[str, Shaped] = {
 
 
 def named(name: str) -> Mask:
-    """The benchmark mask called ``name`` (``BENCH``, then ``BASELINES``).
+    """The benchmark mask called ``name`` (``BENCH``, ``GRID``, then ``BASELINES``).
 
     Raises:
       KeyError: naming the known names.
     """
-    for table in (BENCH, BASELINES):
+    for table in (BENCH, GRID, BASELINES):
         if name in table:
             return table[name]
     raise KeyError(f"no catalogue mask named {name!r}; known: {', '.join(names())}")
 
 
+def suite() -> list[str]:
+    """The names ``splat bench`` runs by default: ``BENCH`` (at each ``--lengths`` S), then ``GRID``
+    (each at its own S)."""
+    return [*BENCH, *GRID]
+
+
 def names() -> list[str]:
     """Every name :func:`named` knows, suite first."""
-    return [*BENCH, *BASELINES]
+    return [*suite(), *BASELINES]

@@ -114,7 +114,7 @@ def test_resolve_patterns_names_specs_and_errors():
 
 def test_default_catalogue_is_the_bench_catalogue():
     names = [n for n, _ in bench.resolve_patterns(None)]
-    assert names == list(catalogue.BENCH)
+    assert names == list(catalogue.BENCH) + list(catalogue.GRID) == catalogue.suite()
 
 
 # --- peers compute the right thing ------------------------------------------------------------
@@ -162,7 +162,7 @@ def test_gpu_peers_say_why_they_skip_on_cpu():
     if jax.default_backend() == "gpu":
         pytest.skip("this checks the CPU skip path")
     p = _problem(masks.causal(), s=32)
-    for name in ("cudnn", "tokamax", "flex", "torch_sdpa"):
+    for name in ("cudnn", "cudnn_dense", "tokamax", "flex", "torch_sdpa"):
         with pytest.raises(PeerUnavailable) as e:
             PEERS[name].prepare(p)
         assert str(e.value)

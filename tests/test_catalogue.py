@@ -59,15 +59,16 @@ def test_odd_masks_cover_the_hard_cases():
 def test_named_looks_up_the_suite_then_the_baselines():
     assert catalogue.named("sliding_window") == masks.sliding_window(256, 256)
     assert catalogue.named("causal") == masks.causal()
-    assert catalogue.names() == [*catalogue.BENCH, *catalogue.BASELINES]
-    assert not set(catalogue.BENCH) & set(catalogue.BASELINES)
+    assert catalogue.named("neighborhood_2d") == masks.neighborhood((128, 128), 15)
+    assert catalogue.names() == [*catalogue.BENCH, *catalogue.GRID, *catalogue.BASELINES]
+    assert len(set(catalogue.names())) == len(catalogue.names())
     with pytest.raises(KeyError, match="no catalogue mask named 'nope'; known: sliding_window"):
         catalogue.named("nope")
 
 
 def test_small_holds_the_bench_patterns_scaled_down():
     assert set(catalogue.BENCH) | set(catalogue.BASELINES) <= set(catalogue.SMALL)
-    for name in catalogue.names():
+    for name in [*catalogue.BENCH, *catalogue.BASELINES]:  # GRID has GRID_SMALL (test_grid_tools)
         assert type(catalogue.SMALL[name]) is type(catalogue.named(name))
 
 

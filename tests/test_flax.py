@@ -203,3 +203,36 @@ def test_fallback_keeps_the_layer_mask(decode):
             got = fb(x, is_causal=True, sow_weights=True)
     assert any("running flax.nnx.dot_product_attention" in str(w.message) for w in rec)
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-5)
+
+
+def test_neighborhood_mask_on_a_flattened_grid():
+    """A 2-D neighborhood (dilated, causal along rows) on [B, H*W, F] tokens: outputs, grads, key padding."""
+    grid = (6, 8)  # 48 tokens, row-major
+    m = masks.neighborhood(grid, 3, dilation=(1, 2), is_causal=(True, False))
+    dense_mask = m.to_acsr().to_dense()
+    # the mask is what its definition says at one query: token (4, 4) sees rows 2..4, columns 2..6 step 2
+    rows, cols = np.nonzero(dense_mask[4 * 8 + 4].reshape(grid))
+    assert sorted(set(rows)) == [2, 3, 4] and sorted(set(cols)) == [2, 4, 6]
+    sp, de = _mha(splat.flax.attention_fn(m)), _mha(_dense_fn(dense_mask))
+    image = _x(5, (2, *grid, F))  # [B, H, W, F]
+    x = image.reshape(2, 48, F)  # the flattened grid Flax attends over
+    np.testing.assert_allclose(
+        np.asarray(nnx.jit(lambda mod, x: mod(x))(sp, x)), np.asarray(de(x)), rtol=1e-4, atol=1e-5
+    )
+
+    def loss(mod, x):
+        return (mod(x) ** 2).sum()
+
+    for a, b in zip(
+        jax.tree.leaves(nnx.grad(loss)(sp, x)), jax.tree.leaves(nnx.grad(loss)(de, x)), strict=True
+    ):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-5)
+    # a key padding mask at call time (the last image row absent): AND-ed with the neighborhood
+    valid = np.ones((2, 48), bool)
+    valid[:, 40:] = False
+    out = sp(x, mask=jnp.asarray(valid)[:, None, None, :])
+    ref = _mha(_dense_fn(dense_mask[None, None] & valid[:, None, None, :]))(x)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=1e-4, atol=1e-5)
+    # the grid itself (unflattened) is not a sequence: the mask names the lengths it needs
+    with pytest.raises(ValueError, match=r"grid \(6, 8\) has 48 tokens"):
+        sp(image)

@@ -27,10 +27,19 @@ since a speed ratio against a peer computing another mask means nothing. Rows
 of splat's own peers record ``splat_backend``: the backend that ran
 (``jax_bindings.selected_backend`` where it exists, else ``"unknown"``).
 
+Sequence lengths: a pattern runs at every ``lengths`` S, except a mask on a
+token grid (a neighborhood, ``splat.catalogue.GRID``), which exists only at its
+grid's ``S = prod(grid)``: it runs there, once, whatever ``lengths`` says
+(:func:`pattern_lengths`; ``settings.fixed_lengths`` records it and the log says
+so). Such a pattern's grid form -- for a centre, a corner and an edge query, the
+keys it sees pictured on the grid (:mod:`splat.tools.grid_view`) -- lands in
+``grid_masks`` and in the text report.
+
 Optional sections: ``build`` (time to construct each pattern's ACSR at S = 65536
-with caches cleared, and to analyze a dense 8192 x 8192 bool rendering) and
-``memory`` (XLA's temp bytes, ``compiled.memory_analysis().temp_size_in_bytes``,
-of splat and of dense XLA for each problem).
+-- a grid pattern at its own S -- with caches cleared, and to analyze a dense
+8192 x 8192 bool rendering) and ``memory`` (XLA's temp bytes,
+``compiled.memory_analysis().temp_size_in_bytes``, of splat and of dense XLA for
+each problem).
 """
 
 from __future__ import annotations
@@ -48,6 +57,7 @@ from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
+from splat.tools import grid_view
 from splat.tools.check import CHECK_RULE, OutputCheck, short_error
 from splat.tools.peers import PEERS, PeerUnavailable, Problem
 from splat.tools.timing import TIMING_METHOD, on_gpu, sampling, time_call
@@ -58,6 +68,7 @@ __all__ = [
     "build_section",
     "environment",
     "format_table",
+    "pattern_lengths",
     "resolve_patterns",
     "backend_unavailable",
     "run_bench",
@@ -97,8 +108,9 @@ class BenchConfig:
 
     Attributes:
       patterns: catalogue names (``splat.catalogue.named``) or mask expressions
-        (``splat.masks.parse``); None = the suite, ``splat.catalogue.BENCH``.
-      lengths: sequence lengths S (q_len = kv_len = S).
+        (``splat.masks.parse``); None = the suite, ``splat.catalogue.suite()``.
+      lengths: sequence lengths S (q_len = kv_len = S); a grid pattern runs at its
+        own S instead (:func:`pattern_lengths`).
       heads, head_dim, batch: H, D, B of ``q, k, v: [B, S, H, D]``.
       dtype: "float32", "bfloat16" or "float16".
       mode: "fwd", "fwdbwd" or "both".
@@ -206,7 +218,7 @@ def resolve_patterns(
       names: catalogue names, or mask expressions such as ``"sliding_window(64) | sink(4)"``
         (:func:`splat.masks.parse`); None = the whole suite (its first three entries when ``quick``).
       catalogue: name -> Mask, or name -> callable(S) -> Mask; default: the names of
-        :func:`splat.catalogue.named`, with ``splat.catalogue.BENCH`` as the suite.
+        :func:`splat.catalogue.named`, with ``splat.catalogue.suite()`` as the suite.
       quick: take only three patterns when ``names`` is None.
     """
     from splat import masks
@@ -214,7 +226,7 @@ def resolve_patterns(
     if catalogue is None:
         from splat import catalogue as cat
 
-        table, suite = {n: cat.named(n) for n in cat.names()}, list(cat.BENCH)
+        table, suite = {n: cat.named(n) for n in cat.names()}, cat.suite()
     else:
         table, suite = catalogue, list(catalogue)
 
@@ -241,6 +253,29 @@ def resolve_patterns(
             ) from None
         out.append((name, factory(m)))
     return out
+
+
+def pattern_lengths(
+    name: str, make: Callable[[int], object], lengths: Sequence[int]
+) -> list[tuple[int, object]]:
+    """``[(S, mask)]``: where pattern ``name`` runs.
+
+    A size-free mask runs at every S of ``lengths`` (``make(S)`` each). A mask on
+    a token grid (:func:`splat.tools.grid_view.fixed_length`: a neighborhood, or a
+    combination holding one) exists only at ``S = prod(grid)``: it runs there once,
+    whatever ``lengths`` says.
+
+    Raises:
+      ValueError: a mask that exists at no S (neighborhoods on grids of different sizes).
+    """
+    first = make(lengths[0])
+    try:
+        fixed = grid_view.fixed_length(first)
+    except ValueError as e:
+        raise ValueError(f"pattern {name!r}: {e}") from None
+    if fixed is not None:
+        return [(fixed, first)]
+    return [(lengths[0], first)] + [(s, make(s)) for s in lengths[1:]]
 
 
 def backend_unavailable(backend: str) -> str | None:
@@ -284,12 +319,14 @@ def run_bench(
     Returns:
       ``{"schema", "created", "environment", "settings", "flop_formula", "ratio_definition",
       "timing_method", "check_rule", "results": [...], "skipped": [...], "memory": [...],
-      "disagreements": [...], "build": {...} (when asked)}``. Each result row carries its
+      "disagreements": [...], "grid_masks": [...], "build": {...} (when asked)}``. Each result row carries its
       output check (``max_abs_err_vs_splat``, ``rel_err_vs_splat``, ``check_tolerance``,
       ``agrees``, ``check``), how it was timed (``per_sample``, ``calls_per_launch``,
       ``timing``) and, for splat's own peers, ``splat_backend`` (else None);
       ``disagreements`` lists each (pattern, S, dtype, peer) whose output is not within
-      tolerance of splat's.
+      tolerance of splat's. ``settings.fixed_lengths`` maps each grid pattern to the one S it
+      ran at; ``grid_masks`` holds its grid form (``{"pattern", "mask"}`` and the fields of
+      :func:`splat.tools.grid_view.grid_section`).
 
     Raises:
       ValueError: a pattern that is neither a catalogue name nor a mask expression, or a
@@ -310,7 +347,8 @@ def run_bench(
     # calls one JAX launch chains, and the least time a sample lasts (TIMING_METHOD)
     per_sample, min_sample_ms = sampling()
 
-    results, skipped, memory, disagreements = [], [], [], []
+    results, skipped, memory, disagreements, grids = [], [], [], [], []
+    fixed_lengths = {}
     told = set()
 
     def skip(base: dict, peer: str, reason: str, check: OutputCheck) -> None:
@@ -323,8 +361,15 @@ def run_bench(
 
     b, h, d = config.batch, config.heads, config.head_dim
     for name, make in pats:
-        for s in config.lengths:
-            mask = make(s)
+        runs = pattern_lengths(name, make, config.lengths)
+        grid = grid_view.grid_of(runs[0][1])
+        if grid is not None:
+            s, mask = runs[0]
+            fixed_lengths[name] = s
+            grids.append({"pattern": name, "mask": repr(mask), **grid_view.grid_section(mask)})
+            shape = "x".join(map(str, grid))
+            log(f"  {name}: a mask on a {shape} grid exists only at S={s}; run there, not at --lengths")
+        for s, mask in runs:
             layout = splat.analyze(mask, q_len=s, kv_len=s)
             rng = np.random.default_rng(config.seed)
             q, k, v, do = (rng.standard_normal((b, s, h, d), dtype=np.float32) for _ in range(4))
@@ -411,6 +456,7 @@ def run_bench(
             **asdict(config),
             "peers": peer_names,
             "patterns": [n for n, _ in pats],
+            "fixed_lengths": fixed_lengths,
             "per_sample": per_sample,
             "min_sample_ms": min_sample_ms,
         },
@@ -422,6 +468,7 @@ def run_bench(
         "skipped": skipped,
         "memory": memory,
         "disagreements": disagreements,
+        "grid_masks": grids,
     }
     if config.build:
         out["build"] = build_section(pats, config.build_length, config.analyze_length, log=log)
@@ -433,14 +480,17 @@ def run_bench(
 
 
 def _clear_layout_caches() -> bool:
-    """Empties the mask -> layout cache so construction is timed from scratch."""
-    from splat import masks
+    """Empties the mask -> layout caches (``masks._to_acsr``, neighborhoods' ``_layout``) so
+    construction is timed from scratch; False where one of them cannot be found."""
+    from splat import _neighborhood, masks
 
-    fn = getattr(masks, "_to_acsr", None)
-    if fn is not None and hasattr(fn, "cache_clear"):
-        fn.cache_clear()
-        return True
-    return False
+    cleared = True
+    for fn in (getattr(masks, "_to_acsr", None), getattr(_neighborhood, "_layout", None)):
+        if fn is not None and hasattr(fn, "cache_clear"):
+            fn.cache_clear()
+        else:
+            cleared = False
+    return cleared
 
 
 def build_section(
@@ -452,6 +502,10 @@ def build_section(
 ) -> dict:
     """Times ``mask.to_acsr(S, S)`` at ``length`` and ``splat.analyze(dense array)`` at ``analyze_length``.
 
+    A grid pattern (:func:`pattern_lengths`) is built at its own S instead, and
+    analyzed there where that S is at most ``analyze_length`` (else its analyze
+    fields are None, with the reason under ``analyze_skipped``).
+
     Args:
       patterns: ``[(name, factory(S) -> Mask)]`` as from :func:`resolve_patterns`.
       length: S for constructing layouts from the mask values (O(S) paths).
@@ -459,46 +513,60 @@ def build_section(
       repeats: timed runs (median reported); caches are cleared before each.
 
     Returns:
-      ``{"length", "analyze_length", "cache_cleared", "patterns": [{name, build_ms, analyze_ms, nnz, ...}]}``.
+      ``{"length", "analyze_length", "cache_cleared", "patterns": [{name, length, build_ms,
+      analyze_length, analyze_ms, nnz, ...}]}``.
     """
     import splat
 
     rows, cleared = [], True
     for name, make in patterns:
-        mask = make(length)
+        ((s, mask),) = pattern_lengths(name, make, (length,))
         times = []
         for _ in range(repeats):
             cleared &= _clear_layout_caches()
             t0 = time.perf_counter()
-            layout = mask.to_acsr(length, length)
+            layout = mask.to_acsr(s, s)
             times.append((time.perf_counter() - t0) * 1e3)
-        dense = make(analyze_length).to_acsr(analyze_length, analyze_length).to_dense()
-        a_times = []
-        for _ in range(repeats):
-            cleared &= _clear_layout_caches()
-            t0 = time.perf_counter()
-            found = splat.analyze(dense)
-            a_times.append((time.perf_counter() - t0) * 1e3)
         row = {
             "pattern": name,
             "mask": repr(mask),
+            "length": s,
             "build_ms": statistics.median(times),
             "build_samples_ms": times,
             "nnz": int(layout.nnz),
+            "grid": None if layout.grid is None else list(layout.grid.grid),
             "segments": len(layout.segments),
             "closed_forms": sum(sg.closed_form is not None for sg in layout.segments),
             "residual_blocks": 0 if layout.residual is None else int(layout.residual.num_blocks.sum()),
-            "analyze_ms": statistics.median(a_times),
-            "analyze_samples_ms": a_times,
-            "analyze_nnz": int(found.nnz),
-            "analyze_segments": len(found.segments),
-            "analyze_residual_blocks": 0 if found.residual is None else int(found.residual.num_blocks.sum()),
         }
+        ((a_len, a_mask),) = pattern_lengths(name, make, (analyze_length,))
+        if a_len > analyze_length:
+            row.update(dict.fromkeys(("analyze_length", "analyze_ms", "analyze_samples_ms", "analyze_nnz")))
+            row.update(dict.fromkeys(("analyze_segments", "analyze_residual_blocks")))
+            row["analyze_skipped"] = f"exists only at S={a_len} > analyze_length {analyze_length}"
+        else:
+            dense = a_mask.to_acsr(a_len, a_len).to_dense()
+            a_times = []
+            for _ in range(repeats):
+                cleared &= _clear_layout_caches()
+                t0 = time.perf_counter()
+                found = splat.analyze(dense)
+                a_times.append((time.perf_counter() - t0) * 1e3)
+            row.update(
+                analyze_length=a_len,
+                analyze_ms=statistics.median(a_times),
+                analyze_samples_ms=a_times,
+                analyze_nnz=int(found.nnz),
+                analyze_segments=len(found.segments),
+                analyze_residual_blocks=0 if found.residual is None else int(found.residual.num_blocks.sum()),
+            )
         rows.append(row)
-        log(
-            f"  build {name}: to_acsr({length}) {row['build_ms']:.1f} ms; "
-            f"analyze(dense {analyze_length}^2) {row['analyze_ms']:.1f} ms"
+        analyzed = (
+            f"analyze(dense {a_len}^2) {row['analyze_ms']:.1f} ms"
+            if row["analyze_ms"] is not None
+            else f"analyze skipped: {row['analyze_skipped']}"
         )
+        log(f"  build {name}: to_acsr({s}) {row['build_ms']:.1f} ms; {analyzed}")
     return {"length": length, "analyze_length": analyze_length, "cache_cleared": cleared, "patterns": rows}
 
 
@@ -549,17 +617,29 @@ def format_table(result: dict) -> str:
                 f"splat {_fmt_bytes(m['splat_temp_bytes'])}  dense {_fmt_bytes(m['dense_temp_bytes'])}  "
                 f"dense/splat {m['dense_over_splat']:.1f}x"
             )
+    if result.get("grid_masks"):
+        lines += ["", "grid masks (run at their grid's S): the keys a query sees, on the grid"]
+        for g in result["grid_masks"]:
+            lines += [f"{g['pattern']}: {g['mask']}, S={g['S']}", *("  " + t for t in g["text"].splitlines())]
     if result.get("build"):
         b = result["build"]
         lines += [
             "",
-            f"layout construction at S={b['length']}, analysis of a dense {b['analyze_length']}^2 array:",
+            f"layout construction at S={b['length']}, analysis of a dense {b['analyze_length']}^2 array "
+            "(grid patterns at their own S):",
         ]
         for r in b["patterns"]:
+            at = "" if r.get("length", b["length"]) == b["length"] else f" (S={r['length']})"
+            analyzed = "skipped" if r["analyze_ms"] is None else f"{r['analyze_ms']:9.1f} ms"
+            stored = (
+                f"grid {'x'.join(map(str, r['grid']))}"
+                if r.get("grid")
+                else f"segments {r['segments']} (closed {r['closed_forms']}), "
+                f"residual blocks {r['residual_blocks']}"
+            )
             lines.append(
-                f"  {r['pattern'][:24]:24s} to_acsr {r['build_ms']:9.1f} ms   "
-                f"analyze {r['analyze_ms']:9.1f} ms   segments {r['segments']} "
-                f"(closed {r['closed_forms']}), residual blocks {r['residual_blocks']}"
+                f"  {r['pattern'][:24]:24s} to_acsr {r['build_ms']:9.1f} ms{at}   "
+                f"analyze {analyzed:>12s}   {stored}"
             )
     return "\n".join(lines)
 

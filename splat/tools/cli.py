@@ -4,7 +4,10 @@
 closed forms, residual, density); EXPR is a mask expression over the constructors
 in :mod:`splat.masks`, e.g. ``"sliding_window(256, 256) | global_tokens(4)"``
 (parsed by :func:`splat.masks.parse`, never evaluated), or the path of a boolean
-``.npy`` file. ``splat bench`` times splat against its peers (see
+``.npy`` file. A mask on a token grid (``"neighborhood((32, 32), 7)"``) is
+analyzed at its grid's S and also shown in grid form: the keys a centre, a
+corner and an edge query see, pictured on the grid (:mod:`splat.tools.grid_view`).
+``splat bench`` times splat against its peers (see
 :mod:`splat.tools.bench`), ``splat bench-runtime`` its runtime masks on a GPU (see
 :mod:`splat.tools.bench_runtime`). Run ``splat COMMAND --help`` for the options.
 
@@ -45,7 +48,8 @@ def load_mask(expr_or_npy: str, q_len: int | None, kv_len: int | None):
 
     A path ending in ``.npy`` (or naming an existing file) is loaded as a boolean
     ``[q_len, kv_len]`` array; anything else is parsed by :func:`splat.masks.parse`,
-    with ``q_len`` defaulting to 1024 and ``kv_len`` to ``q_len``.
+    with ``q_len`` defaulting to 1024 (a mask on a token grid: ``prod(grid)``) and
+    ``kv_len`` to ``q_len``.
 
     Raises:
       ValueError: a bad expression or file, naming what is wrong.
@@ -67,9 +71,11 @@ def load_mask(expr_or_npy: str, q_len: int | None, kv_len: int | None):
                 raise ValueError(f"{name} {given} does not match the array's shape {arr.shape}")
         return arr, arr.shape[0], arr.shape[1]
     from splat import masks
+    from splat.tools import grid_view
 
     mask = masks.parse(expr_or_npy)
-    q_len = _DEFAULT_Q_LEN if q_len is None else q_len
+    if q_len is None:
+        q_len = grid_view.fixed_length(mask) or _DEFAULT_Q_LEN
     kv_len = q_len if kv_len is None else kv_len
     return mask, q_len, kv_len
 
@@ -112,9 +118,19 @@ def build_parser() -> argparse.ArgumentParser:
         "arguments, '|', '&', parentheses; see splat.masks.parse) or a boolean .npy file.",
     )
     a.add_argument("mask", metavar="EXPR_OR_NPY")
-    a.add_argument("--q-len", type=_positive_int, default=None, help="query length (expression default 1024)")
+    a.add_argument(
+        "--q-len",
+        type=_positive_int,
+        default=None,
+        help="query length (expression default 1024; a grid mask's: prod(grid))",
+    )
     a.add_argument("--kv-len", type=_positive_int, default=None, help="key length (default: q-len)")
-    a.add_argument("--plot", metavar="PNG", default=None, help="write a picture of the mask by segment")
+    a.add_argument(
+        "--plot",
+        metavar="PNG",
+        default=None,
+        help="write a picture of the mask by segment (a grid mask: its grid form too, in STEM_grid.png)",
+    )
 
     b = sub.add_parser(
         "bench",
@@ -128,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         default=None,
         help=f"mask expressions, or names from splat.catalogue: {', '.join(catalogue.names())} "
-        "(default: all but full and causal)",
+        "(default: all but full and causal; the neighborhood_* ones exist only at their grid's S = 16384 "
+        "and run there, whatever --lengths)",
     )
     b.add_argument("--lengths", nargs="+", type=_positive_int, default=None, help="sequence lengths S")
     b.add_argument("--heads", type=_positive_int, default=None, help="heads H (default 4)")
@@ -151,7 +168,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--build-length", type=_positive_int, default=65536, help="S for the build section")
     b.add_argument("--analyze-length", type=_positive_int, default=8192, help="S of the dense array analyzed")
     b.add_argument("--out", metavar="JSON", default=None, help="write all settings and results here")
-    b.add_argument("--plot", metavar="PNG", default=None, help="write a plot of the results here")
+    b.add_argument(
+        "--plot",
+        metavar="PNG",
+        default=None,
+        help="write a plot of the results here (and each grid pattern's grid form beside it)",
+    )
 
     from splat.tools.bench_runtime import RUNTIME_PEERS, WORKLOADS
 
@@ -229,11 +251,21 @@ def _cmd_analyze(args) -> int:
     layout = splat.analyze(obj, q_len=q_len, kv_len=kv_len)
     print(splat.report(obj, q_len=q_len, kv_len=kv_len).to_string())
     print(layout.to_string())
+    from splat.tools import grid_view
+
+    grid = None if isinstance(obj, np.ndarray) else grid_view.grid_of(obj)
+    if grid is not None:
+        print(f"grid form on the {'x'.join(map(str, grid))} grid: the keys a query sees")
+        print(grid_view.grid_text(obj))
     if args.plot:
-        from splat.tools.plot import plot_mask
+        from splat.tools.plot import plot_grid, plot_mask
 
         plot_mask(layout, args.plot, title=args.mask if not isinstance(obj, np.ndarray) else None)
         print(f"wrote {args.plot}")
+        if grid is not None:
+            path = f"{os.path.splitext(args.plot)[0]}_grid.png"
+            plot_grid(obj, path, title=args.mask)
+            print(f"wrote {path}")
     return 0
 
 
@@ -245,10 +277,12 @@ def _write_bench(result: dict, args) -> int:
         bench.write_json(result, args.out)
         print(f"wrote {args.out}")
     if args.plot:
-        from splat.tools.plot import plot_bench
+        from splat.tools.plot import plot_bench, plot_bench_grids
 
         plot_bench(result, args.plot)
         print(f"wrote {args.plot}")
+        for path in plot_bench_grids(result, args.plot):
+            print(f"wrote {path}")
     return 0
 
 

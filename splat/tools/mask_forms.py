@@ -2,7 +2,9 @@
 
 Peers that take only some masks (cuDNN, tokamax, FlashAttention-3) recognise
 them from the layout, so a window qualifies however it was written;
-FlexAttention takes the mask as a function built from the mask value.
+FlexAttention takes the mask as a function built from the mask value
+(neighborhoods included: :func:`neighborhood_expression` computes the window
+from the flattened token indices).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["band_of", "flash_attn3_arguments", "mask_expression"]
+__all__ = ["band_of", "flash_attn3_arguments", "mask_expression", "neighborhood_expression"]
 
 
 def band_of(layout) -> tuple[int, int] | None:
@@ -23,6 +25,8 @@ def band_of(layout) -> tuple[int, int] | None:
     """
     import acsr
 
+    if layout.grid is not None:  # a grid layout needs more than MAX_SEGMENTS runs in some row
+        return None
     q_len, kv_len = layout.q_len, layout.kv_len
     indptr, cols = acsr.to_csr(layout)
     counts = np.diff(indptr)
@@ -43,14 +47,17 @@ def band_of(layout) -> tuple[int, int] | None:
 
 
 def mask_expression(mask) -> Callable | None:
-    """The mask as ``f(q_idx, kv_idx)`` written with operators only (``- % // < <= & |``).
+    """The mask as ``f(q_idx, kv_idx)`` written with operators only (``+ - * % // < <= & |``).
 
     The same function then runs on numpy arrays (tested against ``mask(q, kv)``)
     and on torch tensors inside FlexAttention's ``mask_mod``. Returns None for
     masks with no such form (arrays, user functions).
     """
     from splat import masks as M
+    from splat._neighborhood import Neighborhood
 
+    if isinstance(mask, Neighborhood):
+        return neighborhood_expression(mask)
     if isinstance(mask, M.Full):
         return lambda q, kv: (q >= 0) | (kv >= 0)
     if isinstance(mask, M.Causal):
@@ -83,6 +90,67 @@ def mask_expression(mask) -> Callable | None:
             return lambda q, kv: a(q, kv) | b(q, kv)
         return lambda q, kv: a(q, kv) & b(q, kv)
     return None
+
+
+def _smaller(a, b):
+    """``min(a, b)`` elementwise with operators only (numpy arrays, torch tensors, ints)."""
+    return a - (a - b) * (a > b)
+
+
+def _larger(a, b):
+    """``max(a, b)`` elementwise with operators only."""
+    return a + (b - a) * (b > a)
+
+
+def neighborhood_expression(mask) -> Callable:
+    """A :class:`splat.masks.neighborhood` mask as ``f(q_idx, kv_idx)`` on flattened token indices.
+
+    Written from the definition in :class:`splat._neighborhood.AxisWindow`, with
+    operators only, so the same function runs on numpy arrays and on torch tensors
+    (FlexAttention's ``mask_mod``). Per axis ``a`` of length ``n`` (token ``i``
+    has coordinate ``i // step_a % n``, ``step_a`` the product of the later axes'
+    lengths), a query at ``x`` sees a key at ``y`` iff ``y`` is in the query's
+    dilation phase (``y % d == x % d``) and its sub-grid position ``y // d`` lies
+    in ``[lo, hi)``:
+
+    * ``L = ceil((n - x % d) / d)`` (the phase sub-grid's length), ``p = x // d``,
+      ``g = s * (p // s)`` (the stride group's first position);
+    * causal: ``leader = min(g + s - 1, L - 1)``, ``lo = max(leader - k + 1, 0)``, ``hi = p + 1``;
+    * otherwise: ``leader = min(g + s // 2, L - 1)``,
+      ``lo = min(max(leader - k // 2, 0), L - k)``, ``hi = lo + k``.
+
+    Args:
+      mask: a :class:`splat._neighborhood.Neighborhood`.
+
+    Returns:
+      ``f(q_idx, kv_idx)`` -> bool, broadcasting its two integer arguments.
+    """
+    axes, step = [], 1
+    for a in reversed(mask.axes):  # innermost first: its tokens step by 1
+        axes.append((step, a.length, a.kernel_size, a.stride, a.dilation, a.is_causal))
+        step *= a.length
+
+    def within(q, kv):
+        seen = None
+        for step, n, k, s, d, causal in axes:
+            x, y = q // step % n, kv // step % n
+            phase, pos = x % d, x // d
+            sub_len = (n - phase + d - 1) // d
+            group = pos // s * s
+            if causal:
+                leader = _smaller(group + s - 1, sub_len - 1)
+                lo = _larger(leader - k + 1, 0)
+                hi = pos + 1
+            else:
+                leader = _smaller(group + s // 2, sub_len - 1)
+                lo = _smaller(_larger(leader - k // 2, 0), sub_len - k)
+                hi = lo + k
+            key = y // d
+            axis_seen = (y % d == phase) & (key >= lo) & (key < hi)
+            seen = axis_seen if seen is None else seen & axis_seen
+        return seen
+
+    return within
 
 
 def flash_attn3_arguments(layout) -> dict | None:

@@ -22,13 +22,17 @@ splat_unfused   all       ``splat.sddmm`` -> ``splat.softmax`` -> ``splat.spmm``
 dense_xla       all       einsum + where + softmax under ``jax.jit`` (S x S scores)
 cudnn           CUDA      ``jax.nn.dot_product_attention(implementation="cudnn")``;
                           full, causal and causal-window masks only
+cudnn_dense     CUDA      the same call with the mask as a dense ``[1, 1, S, S]``
+                          array, any mask: dense attention (all S x S scores), the
+                          reference a JAX user without a sparse kernel has
 flash_attn3     Hopper    FlashAttention-3, ``flash_attn3_jax.flash_mha``; full,
                           causal, causal-window and (left, right) window masks,
                           head dim 128, float16/bfloat16
 tokamax         CUDA      ``tokamax.dot_product_attention``; windows as
                           ``local_window_size``, other masks as a dense mask array
 flex            CUDA      PyTorch FlexAttention, ``torch.compile``d, with a
-                          ``mask_mod`` translated from the splat mask
+                          ``mask_mod`` translated from the splat mask (a
+                          neighborhood's computed from the flattened indices)
 torch_sdpa      CUDA      dense torch SDPA (flash/efficient) with no mask at all:
                           the dense ceiling
 ==============  ========  ===========================================================
@@ -320,6 +324,21 @@ def _prep_cudnn(problem: Problem) -> Prepared:
     return _compile_jax(attn, problem)
 
 
+def _prep_cudnn_dense(problem: Problem) -> Prepared:
+    import jax
+
+    if not _on_cuda():
+        raise PeerUnavailable("cuDNN attention needs a CUDA GPU")
+    if problem.dtype == "float32":
+        raise PeerUnavailable("cuDNN flash attention takes float16/bfloat16 only (use --dtype bfloat16)")
+
+    def attn(q, k, v, mask):
+        return jax.nn.dot_product_attention(q, k, v, mask=mask[None, None], implementation="cudnn")
+
+    note = "dense: all S x S scores, the mask as an array (TFLOP/s counts the mask's useful FLOPs)"
+    return replace(_compile_jax(attn, problem, (problem.dense_mask(),)), note=note)
+
+
 def _prep_tokamax(problem: Problem) -> Prepared:
     if not _on_cuda():
         raise PeerUnavailable("tokamax's attention kernels need a CUDA GPU")
@@ -522,6 +541,12 @@ PEERS: dict[str, Peer] = {
         Peer("splat_unfused", "splat sddmm -> softmax -> spmm", _prep_splat_unfused),
         Peer("dense_xla", "dense masked attention, jnp einsum + where + softmax", _prep_dense_xla),
         Peer("cudnn", "jax.nn.dot_product_attention(implementation='cudnn')", _prep_cudnn, gpu_only=True),
+        Peer(
+            "cudnn_dense",
+            "jax.nn.dot_product_attention(implementation='cudnn') with a dense [S, S] mask: dense attention",
+            _prep_cudnn_dense,
+            gpu_only=True,
+        ),
         Peer("tokamax", "tokamax.dot_product_attention", _prep_tokamax, gpu_only=True),
         Peer("flash_attn3", "FlashAttention-3, flash_attn3_jax.flash_mha", _prep_flash_attn3, gpu_only=True),
         Peer("flex", "torch.compile(flex_attention) + create_block_mask", _prep_flex, gpu_only=True),

@@ -1,4 +1,4 @@
-"""PNG plots for the CLI: a mask coloured by ACSR segment, and benchmark results.
+"""PNG plots for the CLI: a mask coloured by ACSR segment, a grid mask in grid form, benchmark results.
 
 matplotlib is imported lazily (``pip install "splat[plot]"``), with the Agg
 backend, so plotting works on machines with no screen. Figures use matplotlib's
@@ -9,10 +9,21 @@ from __future__ import annotations
 
 import os
 import textwrap
+from types import SimpleNamespace
 
 import numpy as np
 
-__all__ = ["bench_figure", "bench_ratios", "mask_figure", "plot_bench", "plot_mask", "segment_image"]
+__all__ = [
+    "bench_figure",
+    "bench_ratios",
+    "grid_figure",
+    "mask_figure",
+    "plot_bench",
+    "plot_bench_grids",
+    "plot_grid",
+    "plot_mask",
+    "segment_image",
+]
 
 # Largest number of (row, column) pairs enumerated at once while drawing a mask.
 _CHUNK = 1 << 22
@@ -43,14 +54,16 @@ def _wrap(text: str) -> str:
 
 
 def segment_image(layout, max_pixels: int | tuple[int, int] = 1024) -> np.ndarray:
-    """Label picture of a layout, int16 ``[rows, cols]``: 0 empty, k + 1 segment k, K + 1 residual.
+    """Label picture of a layout, int16 ``[rows, cols]``: 0 empty, k + 1 segment k, K + 1 residual
+    (a grid layout: 1 wherever its grid product has a key).
 
     A layout larger than ``max_pixels`` on a side is pooled: each pixel stands
     for a cell of ``fr x fc`` mask entries (``fr = ceil(q_len / max_rows)``,
     ``fc = ceil(kv_len / max_cols)``) and shows the highest label of any nonzero in the cell, so
     thin parts (a few global rows or columns, a sparse stride) stay visible at
-    any size. Works from the segments' ``base/stride/count`` rows and the
-    residual's blocks, never building the dense ``q_len x kv_len`` mask: the
+    any size. Works from the segments' ``base/stride/count`` rows (a grid
+    layout's: its product's runs along the last axis) and the residual's
+    blocks, never building the dense ``q_len x kv_len`` mask: the
     cost is O(q_len + pixels) plus the residual's nonzeros and those of rows
     whose stride is wider than a cell (each of their columns lights a cell of
     its own).
@@ -66,6 +79,11 @@ def segment_image(layout, max_pixels: int | tuple[int, int] = 1024) -> np.ndarra
     fc = max(1, -(-layout.kv_len // max_cols))
     n_rows, n_cols = -(-layout.q_len // fr), -(-layout.kv_len // fc)
     img = np.zeros((n_rows, n_cols), np.int16)
+    if layout.grid is not None:
+        base, stride, count = layout.grid.product_runs()
+        for r in range(base.shape[1]):
+            run = SimpleNamespace(base=base[:, r], stride=stride[:, r], count=count[:, r])
+            img[_segment_cells(run, fr, fc, n_rows, n_cols)] = 1
     for k, seg in enumerate(layout.segments):
         img[_segment_cells(seg, fr, fc, n_rows, n_cols)] = k + 1
     if layout.residual is not None:
@@ -115,7 +133,7 @@ def mask_figure(layout, title: str | None = None, max_pixels: int = 1024):
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
 
-    n_seg = len(layout.segments)
+    n_seg = max(len(layout.segments), layout.grid is not None)
     palette = ["#ffffff", "#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
     colors = palette[: n_seg + 1] + ["#d62728"]  # residual in red
     fig, ax = plt.subplots(
@@ -129,6 +147,11 @@ def mask_figure(layout, title: str | None = None, max_pixels: int = 1024):
     ax.set_xlabel("key j")
     ax.set_ylabel("query i")
     handles = []
+    if layout.grid is not None:
+        axes = " x ".join(
+            f"{a.length}" + (f" (dilation {a.dilation})" if a.dilation > 1 else "") for a in layout.grid.axes
+        )
+        handles.append(Patch(color=colors[1], label=f"grid product over {axes} tokens"))
     for k, s in enumerate(layout.segments):
         st = s.uniform_stride
         law = "closed form" if s.closed_form is not None else "per-row arrays"
@@ -172,6 +195,125 @@ def plot_mask(layout, path: str, title: str | None = None, max_pixels: int = 102
         side, and to no more than the plot's screen pixels (see :func:`segment_image`).
     """
     _save(mask_figure(layout, title, max_pixels), path)
+
+
+def _grid_slices(pic: np.ndarray, query: tuple[int, ...], most: int) -> list[tuple[int, ...]]:
+    """The slices (coordinates on the leading axes) drawn for one query: those holding a key and
+    the query's own, at most ``most``, nearest the query's first."""
+    lead, own = pic.shape[:-2], query[:-2]
+    if not lead:  # a 2-D grid: one slice
+        return [()]
+    seen = {tuple(int(x) for x in c) for c in zip(*np.nonzero(pic.any(axis=(-2, -1))), strict=True)}
+    seen.add(own)
+    near = sorted(seen, key=lambda c: sum(abs(a - b) for a, b in zip(c, own, strict=True)))[:most]
+    return sorted(near, key=lambda c: np.ravel_multi_index(c, lead))
+
+
+def grid_figure(mask, title: str | None = None, max_slices: int = 6):
+    """The matplotlib figure :func:`plot_grid` saves: per probe query, the keys it sees on the grid.
+
+    Probe queries: centre, corner, edge (:func:`splat.tools.grid_view.probe_queries`).
+    A panel pictures the last two grid axes (a 1-D grid: one strip): keys the
+    query sees in blue, the query itself in red (ringed). On a 1-D or 2-D grid
+    the probes stand side by side; on a 3-D grid each probe gets a row, with a
+    panel for each slice of the leading axis that holds a key and for the
+    query's own slice (at most ``max_slices``, nearest the query's first).
+
+    Raises:
+      ValueError: ``mask`` lives on no grid.
+    """
+    plt = _pyplot()
+    from matplotlib.colors import ListedColormap
+
+    from splat.tools import grid_view
+
+    grid = grid_view.grid_of(mask)
+    if grid is None:
+        raise ValueError(f"mask {mask!r} lives on no token grid (it has no neighborhood part)")
+    probes = grid_view.probe_queries(grid)
+    pictures = {n: grid_view.key_picture(mask, grid, q) for n, q in probes.items()}
+    flat = len(grid) <= 2
+    shape = "x".join(map(str, grid))
+    shown = dict(probes)  # the coordinates titles give
+    if len(grid) == 1:  # a strip: one row of the last two axes
+        grid = (1, *grid)
+        probes = {n: (0, *q) for n, q in probes.items()}
+        pictures = {n: p[None] for n, p in pictures.items()}
+    # panels[row] = [(probe name, slice of the leading axes)]
+    if flat:
+        panels = [[(n, ()) for n in probes]]
+    else:
+        panels = [[(n, c) for c in _grid_slices(pictures[n], probes[n], max_slices)] for n in probes]
+    cols = max(len(r) for r in panels)
+    h, w = grid[-2:]
+    side = 2.6
+    fig, axes = plt.subplots(
+        len(panels),
+        cols,
+        figsize=(side * cols, min(side, max(0.9, side * h / w)) * len(panels) + 0.8),
+        squeeze=False,
+        dpi=_DPI,
+        layout="constrained",
+    )
+    cmap = ListedColormap(["#ffffff", "#1f77b4", "#d62728"])  # nothing, key, the query
+    for r, row in enumerate(panels):
+        for c in range(cols):
+            ax = axes[r, c]
+            if c >= len(row):
+                ax.axis("off")
+                continue
+            name, where = row[c]
+            query, pic = probes[name], pictures[name]
+            plane = pic[where].astype(np.int8)
+            own = where == query[:-2]
+            if own:
+                plane[query[-2:]] = 2
+            ax.imshow(plane, cmap=cmap, vmin=0, vmax=2, interpolation="nearest", aspect="auto")
+            if own:
+                ax.scatter([query[-1]], [query[-2]], s=80, facecolors="none", edgecolors="#d62728")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            head = f"{name} {shown[name]}: {int(pic.sum())} keys"
+            if where:  # 3-D: the probe's key count heads its row's first panel only
+                head = f"{name} {shown[name]}, slice {', '.join(map(str, where))}" + (" (own)" if own else "")
+                if c == 0:
+                    ax.set_ylabel(f"{int(pic.sum())} keys", fontsize=7)
+            ax.set_title(head, fontsize=7)
+    top = f"{title}\n" if title else ""
+    fig.suptitle(_wrap(f"{top}keys each query sees on the {shape} grid (query in red)"), fontsize=8)
+    return fig
+
+
+def plot_grid(mask, path: str, title: str | None = None) -> None:
+    """Writes a PNG of a grid mask in grid form (:func:`grid_figure`).
+
+    Args:
+      mask: a mask on a token grid (a neighborhood, alone or combined with ``|`` / ``&``).
+      path: where the PNG goes (folders are created).
+      title: optional title.
+    """
+    _save(grid_figure(mask, title), path)
+
+
+def plot_bench_grids(result: dict, path: str) -> list[str]:
+    """Writes the grid form of each grid pattern of a ``splat bench`` result; returns the paths.
+
+    The pictures go beside ``path`` as ``<stem>_<pattern>_grid.png``, one per
+    ``result["grid_masks"]`` entry with an ``expression`` (the mask, rebuilt by
+    :func:`splat.masks.parse`; combinations have none and are left out).
+    """
+    from splat import masks
+
+    stem = os.path.splitext(path)[0]
+    written = []
+    for g in result.get("grid_masks", []):
+        if g.get("expression") is None:
+            continue
+        safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in g["pattern"])
+        out = f"{stem}_{safe}_grid.png"
+        plot_grid(masks.parse(g["expression"]), out, title=f"{g['pattern']}: {g['expression']}")
+        written.append(out)
+    return written
 
 
 def bench_ratios(result: dict) -> dict[str, dict[tuple[str, int, str], float]]:
