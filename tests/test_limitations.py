@@ -163,7 +163,7 @@ def test_q_offset_is_exact_and_named_as_pure_jax_only():
     np.testing.assert_allclose(out[:, 0], full[:, -1], rtol=1e-5, atol=1e-5)
 
 
-def test_neighbourhood_masks_are_grids_that_run_as_the_residual():
+def test_neighbourhood_masks_are_grids_and_only_register_tokens_leave_them():
     w, r = 16, 3  # 7 x 7 windows on a 16 x 16 image, flattened
 
     def near(a, b):
@@ -173,8 +173,14 @@ def test_neighbourhood_masks_are_grids_that_run_as_the_residual():
     rep = splat.report(nb, q_len=w * w)
     assert "grid product 16x16 (per-axis windows, found in function)" in rep.family
     assert _in_readme("shows `grid product 16x16 (per-axis windows, found in function)`")
-    assert splat.analyze(nb, w * w).flat.residual is not None  # what backends run today
-    assert _in_readme("they run the layout's flat rows, a block-sparse residual")
+    layout = splat.analyze(nb, w * w)
+    assert layout.grid is not None and layout.flat.residual is not None  # the pure backend's rows
+    from jax_bindings._triton import ops
+
+    shape = (1, w * w, 2, 16)
+    with pytest.raises(NotImplementedError, match="the triton grid kernels take no runtime mask"):
+        ops.fwd_call(layout, shape, shape, "float32", 0.25, interpret=True, runtime="ranges")
+    assert _in_readme("refuse with `the triton grid kernels take no runtime mask`")
     rep = splat.report(lambda a, b: near(a, b) | (a < 2) | (b < 2), q_len=w * w)  # register tokens
     assert "irregular (block-sparse residual)" in rep.family and rep.residual_blocks > 0
     assert _in_readme("shows `irregular (block-sparse residual)`")
