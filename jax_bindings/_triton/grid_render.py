@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import textwrap
 
+from jax_bindings._triton import kernel_lines
 from jax_bindings._triton.grid_plan import GridSpec
 from jax_bindings._triton.tile_source import TILES
 
@@ -167,16 +168,20 @@ def _loop(step: str, indent: str = "") -> list[str]:
     return [indent + x.replace("{STEP}", step.replace("{ARGS}", _STEP_ARGS)) for x in _LOOP]
 
 
+# the query-row kernels' opening: batch, head, the Q slab's offset, K/V of the head's group
+_QUERY_HEAD = [
+    "b = pid_bh // H",
+    "h = pid_bh % H",
+    "bq = b.to(tl.int64) * (Q_LEN * Q_ROW) + h * D",
+    "Kb = K + b.to(tl.int64) * (KV_LEN * KV_ROW) + (h // GROUP) * D",
+    "Vb = V + b.to(tl.int64) * (KV_LEN * KV_ROW) + (h // GROUP) * D",
+]
+
+
 def _fwd() -> tuple[str, list[str]]:
     sig = f"Q, K, V, QCoord, Region, Win, Out, Lse, {_SCALARS}"
     body = (
-        [
-            "b = pid_bh // H",
-            "h = pid_bh % H",
-            "bq = b.to(tl.int64) * (Q_LEN * Q_ROW) + h * D",
-            "Kb = K + b.to(tl.int64) * (KV_LEN * KV_ROW) + (h // GROUP) * D",
-            "Vb = V + b.to(tl.int64) * (KV_LEN * KV_ROW) + (h // GROUP) * D",
-        ]
+        _QUERY_HEAD
         + _WALK
         + [
             "q = _load_rows(Q + bq, rows, valid, Q_ROW, False)",
@@ -185,15 +190,7 @@ def _fwd() -> tuple[str, list[str]]:
             "acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)",
         ]
         + _loop("acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q, Kb, Vb, SCALE * LOG2E, {ARGS})")
-        + [
-            "# -- epilogue: normalise; fully masked rows give 0 and lse -inf",
-            "l_use = tl.where(l_i > 0, l_i, 1.0)",
-            "out = acc / l_use[:, None]",
-            "lse = tl.where(l_i > 0, (m_i + tl.math.log2(l_use)) * LN2, float('-inf'))",
-            "tl.store(Out + bq + rows[:, None] * Q_ROW + offs_d[None, :], out.to(Out.dtype.element_ty),"
-            " mask=valid[:, None] & (offs_d < D)[None, :])",
-            "tl.store(Lse + (b * H + h).to(tl.int64) * Q_LEN + rows, lse, mask=valid)",
-        ]
+        + kernel_lines.FWD_EPILOGUE
     )
     return sig, body
 
@@ -201,31 +198,12 @@ def _fwd() -> tuple[str, list[str]]:
 def _bwd_dq() -> tuple[str, list[str]]:
     sig = f"Q, K, V, DO, Out, Lse, QCoord, Region, Win, DQ, Delta, {_SCALARS}"
     body = (
-        [
-            "b = pid_bh // H",
-            "h = pid_bh % H",
-            "bq = b.to(tl.int64) * (Q_LEN * Q_ROW) + h * D",
-            "Kb = K + b.to(tl.int64) * (KV_LEN * KV_ROW) + (h // GROUP) * D",
-            "Vb = V + b.to(tl.int64) * (KV_LEN * KV_ROW) + (h // GROUP) * D",
-        ]
+        _QUERY_HEAD
         + _WALK
-        + [
-            "q = _load_rows(Q + bq, rows, valid, Q_ROW, False)",
-            "do = _load_rows(DO + bq, rows, valid, Q_ROW, False)",
-            "lrow = (b * H + h).to(tl.int64) * Q_LEN + rows",
-            "lse2 = tl.load(Lse + lrow, mask=valid, other=0.0) * LOG2E",
-            "# delta = rowsum(dO * O), computed once here and stored for the dk/dv kernel",
-            "o = _load_rows(Out + bq, rows, valid, Q_ROW, False)",
-            "delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)",
-            "tl.store(Delta + lrow, delta, mask=valid)",
-            "dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)",
-        ]
+        + ["q = _load_rows(Q + bq, rows, valid, Q_ROW, False)"]
+        + kernel_lines.DQ_PROLOGUE
         + _loop("dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, SCALE * LOG2E, {ARGS})")
-        + [
-            "dq = dq * SCALE",
-            "tl.store(DQ + bq + rows[:, None] * Q_ROW + offs_d[None, :], dq.to(DQ.dtype.element_ty),"
-            " mask=valid[:, None] & (offs_d < D)[None, :])",
-        ]
+        + kernel_lines.DQ_EPILOGUE
     )
     return sig, body
 
@@ -244,20 +222,10 @@ def _bwd_dkdv() -> tuple[str, list[str]]:
             "v = _load_rows(V + bk, rows, valid, KV_ROW, False)",
             "dk = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)",
             "dv = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)",
-            "for g in range(0, GROUP):",
-            "    h = hk * GROUP + g",
-            "    Qb = Q + b.to(tl.int64) * (Q_LEN * Q_ROW) + h * D",
-            "    DOb = DO + b.to(tl.int64) * (Q_LEN * Q_ROW) + h * D",
-            "    Lb = Lse + (b * H + h).to(tl.int64) * Q_LEN",
-            "    Db = Delta + (b * H + h).to(tl.int64) * Q_LEN",
         ]
+        + kernel_lines.DKDV_GROUP_LOOP
         + _loop("dk, dv = _dkdv_tile(dk, dv, k, v, Qb, DOb, Lb, Db, SCALE * LOG2E, {ARGS})", "    ")
-        + [
-            "dk = dk * SCALE",
-            "omask = valid[:, None] & (offs_d < D)[None, :]",
-            "tl.store(DK + bk + rows[:, None] * KV_ROW + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=omask)",
-            "tl.store(DV + bk + rows[:, None] * KV_ROW + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=omask)",
-        ]
+        + kernel_lines.DKDV_EPILOGUE
     )
     return sig, body
 

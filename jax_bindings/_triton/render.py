@@ -18,7 +18,7 @@ import math
 import textwrap
 
 from acsr import Law
-from jax_bindings._triton import grid_render
+from jax_bindings._triton import grid_render, kernel_lines
 from jax_bindings._triton.grid_plan import GridSpec
 from jax_bindings._triton.spec import KernelSpec, SegSpec
 from jax_bindings._triton.tile_source import TILES
@@ -425,15 +425,7 @@ def _fwd(spec: KernelSpec, meta: str) -> tuple[str, list[str]]:
             "acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, q, Kb, Vb, SCALE * LOG2E, {MASK})",
             False,
         )
-        + [
-            "# -- epilogue: normalise; fully masked rows give 0 and lse -inf",
-            "l_use = tl.where(l_i > 0, l_i, 1.0)",
-            "out = acc / l_use[:, None]",
-            "lse = tl.where(l_i > 0, (m_i + tl.math.log2(l_use)) * LN2, float('-inf'))",
-            "o_ptrs = Out + bq + rows[:, None] * Q_ROW + offs_d[None, :]",
-            "tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=valid[:, None] & (offs_d < D)[None, :])",
-            "tl.store(Lse + (b * H + h).to(tl.int64) * Q_LEN + rows, lse, mask=valid)",
-        ]
+        + kernel_lines.FWD_EPILOGUE
     )
     return sig, body
 
@@ -444,27 +436,14 @@ def _bwd_dq(spec: KernelSpec, meta: str) -> tuple[str, list[str]]:
     body = (
         _row_block_head("KV", load_q=True)
         + _runtime_prologue(spec)
-        + [
-            "do = _load_rows(DO + bq, rows, valid, Q_ROW, False)",
-            "lrow = (b * H + h).to(tl.int64) * Q_LEN + rows",
-            "lse2 = tl.load(Lse + lrow, mask=valid, other=0.0) * LOG2E",
-            "# delta = rowsum(dO * O), computed once here and stored for the dk/dv kernel",
-            "o = _load_rows(Out + bq, rows, valid, Q_ROW, False)",
-            "delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)",
-            "tl.store(Delta + lrow, delta, mask=valid)",
-            "dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)",
-        ]
+        + kernel_lines.DQ_PROLOGUE
         + _segments_rowinfo(spec, True)
         + _walk(
             spec,
             "dq = _dq_tile(dq, q, do, lse2, delta, Kb, Vb, SCALE * LOG2E, {MASK})",
             False,
         )
-        + [
-            "dq = dq * SCALE",
-            "tl.store(DQ + bq + rows[:, None] * Q_ROW + offs_d[None, :], dq.to(DQ.dtype.element_ty),"
-            " mask=valid[:, None] & (offs_d < D)[None, :])",
-        ]
+        + kernel_lines.DQ_EPILOGUE
     )
     return sig, body
 
@@ -489,21 +468,9 @@ def _bwd_dkdv(spec: KernelSpec, meta: str) -> tuple[str, list[str]]:
         ]
         + _runtime_prologue(spec)
         + _segments_rowinfo(spec, True)
-        + [
-            "for g in range(0, GROUP):",
-            "    h = hk * GROUP + g",
-            "    Qb = Q + b.to(tl.int64) * (Q_LEN * Q_ROW) + h * D",
-            "    DOb = DO + b.to(tl.int64) * (Q_LEN * Q_ROW) + h * D",
-            "    Lb = Lse + (b * H + h).to(tl.int64) * Q_LEN",
-            "    Db = Delta + (b * H + h).to(tl.int64) * Q_LEN",
-        ]
+        + kernel_lines.DKDV_GROUP_LOOP
         + ["    " + x for x in walk]
-        + [
-            "dk = dk * SCALE",
-            "omask = valid[:, None] & (offs_d < D)[None, :]",
-            "tl.store(DK + bk + rows[:, None] * KV_ROW + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=omask)",
-            "tl.store(DV + bk + rows[:, None] * KV_ROW + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=omask)",
-        ]
+        + kernel_lines.DKDV_EPILOGUE
     )
     return sig, body
 
