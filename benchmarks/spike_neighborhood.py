@@ -31,26 +31,6 @@ CASES = {
 }
 
 
-def _time_jax(fn, *args) -> float:
-    chained = jax.jit(timing.chain(fn, 10, {0: 0}))
-    last = [chained(*args)]
-    jax.block_until_ready(last[0])
-
-    def launch():
-        last[0] = chained(*args)
-
-    t = timing.time_call(
-        None,
-        2,
-        5,
-        launch=launch,
-        sync=lambda: jax.block_until_ready(last[0]),
-        per_sample=10,
-        calls_per_launch=10,
-    )
-    return t["ms"]
-
-
 def _flex(mask, q, k, v, do, mode):
     import torch
     from torch.nn.attention import flex_attention as fa
@@ -134,7 +114,7 @@ def _sweep(a) -> None:
             s, h, d = mask.size, a.heads, 128
             q, k, v = (jnp.asarray(rng.standard_normal((1, s, h, d)), jnp.bfloat16) for _ in range(3))
             try:
-                ms = _time_jax(
+                ms = timing.chained_ms(
                     lambda q, k, v, mask=mask: splat.attention(q, k, v, mask, backend="triton"), q, k, v
                 )
             except Exception as e:  # a config the compiler refuses: say so, go on
@@ -192,12 +172,14 @@ def main() -> None:
             "nnz": layout.nnz,
             "analyze_s": analyze_s,
         }
-        row["splat_fwd_ms"] = _time_jax(fwd, q, k, v)
-        row["splat_fwdbwd_ms"] = _time_jax(fwdbwd, q, k, v)
+        row["splat_fwd_ms"] = timing.chained_ms(fwd, q, k, v)
+        row["splat_fwdbwd_ms"] = timing.chained_ms(fwdbwd, q, k, v)
         row["splat_fwd_tflops"] = flops / row["splat_fwd_ms"] / 1e9
         row["splat_fwdbwd_tflops"] = 2.5 * flops / row["splat_fwdbwd_ms"] / 1e9
         if dense_rate is None:
-            dms = _time_jax(lambda q, k, v: splat.attention(q, k, v, masks.full(), backend="triton"), q, k, v)
+            dms = timing.chained_ms(
+                lambda q, k, v: splat.attention(q, k, v, masks.full(), backend="triton"), q, k, v
+            )
             dense_rate = 4 * h * s * s * d / dms / 1e9
         row["splat_dense_fwd_tflops_same_S"] = dense_rate
         if not a.no_flex:

@@ -39,27 +39,6 @@ def _tiles(ids: np.ndarray, bm: int, bn: int) -> tuple[int, int]:
     return causal, doc
 
 
-def _time(fn, *args) -> float:
-    """Median ms per call of ``fn``, 10 calls chained in one jitted program, synced on the last."""
-    chained = jax.jit(timing.chain(fn, 10, {0: 0}))
-    last = [chained(*args)]
-    jax.block_until_ready(last[0])
-
-    def launch():
-        last[0] = chained(*args)
-
-    t = timing.time_call(
-        None,
-        2,
-        5,
-        launch=launch,
-        sync=lambda: jax.block_until_ready(last[0]),
-        per_sample=10,
-        calls_per_launch=10,
-    )
-    return t["ms"]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seq-len", type=int, default=8192)
@@ -92,7 +71,7 @@ def main() -> None:
             rt = None if kw is None else _runtime.build(b, s, s, **kw)
             return jax_bindings.attention_with_lse(q, k, v, layout, scale, "triton", runtime=rt)[0]
 
-        ms = _time(fwd, q, k, v)
+        ms = timing.chained_ms(fwd, q, k, v)
         rows.append({"case": name, "ms": ms})
         print(f"{name:24s} {ms:.3f} ms", flush=True)
     # forward tile configs on the sorted-ids case (the heuristic / tuned one is the first row above)
@@ -112,7 +91,7 @@ def main() -> None:
             rt = _runtime.build(b, s, s, **ids_kw)
             return jax_bindings.attention_with_lse(q, k, v, layout, scale, "triton", runtime=rt)[0]
 
-        ms = _time(fwd, q, k, v)
+        ms = timing.chained_ms(fwd, q, k, v)
         rows.append({"case": f"doc ids, fwd tiles {cfg}", "ms": ms})
         print(f"doc ids, tiles {cfg:14s} {ms:.3f} ms", flush=True)
     _spec.tiles_for = tiles_for
@@ -126,7 +105,7 @@ def main() -> None:
                 pos = jnp.full((b,), kv - 1)
                 return splat.attention(q1, kc, vc, mask, q_offset=pos, key_value_seq_lengths=pos + 1)
 
-            ms = _time(step, q1, kc, vc)
+            ms = timing.chained_ms(step, q1, kc, vc)
             rows.append({"case": f"decode {name}", "kv_len": kv, "gqa": 2, "ms": ms})
             print(f"decode {name:12s} kv {kv:7d} (GQA 2) {ms:.3f} ms", flush=True)
     for bm, bn in ((128, 128), (128, 64), (64, 64)):

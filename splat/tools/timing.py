@@ -192,3 +192,12 @@ def compile_timed(
         launch()
         sync()
     return compiled, launch, sync
+
+
+def chained_ms(fn: Callable, *args, n: int = 10, warmup: int = 2, repeats: int = 5) -> float:
+    """Median milliseconds per call of ``fn(*args)``: ``n`` calls chained in one executable
+    (:func:`chain`, the first output fed back as the first argument), ``per_sample`` launches
+    per sample, synced on the last launch's output (for spikes and scripts)."""
+    _, launch, sync = compile_timed(fn, args, n, {0: 0})
+    t = time_call(None, warmup, repeats, launch=launch, sync=sync, per_sample=n, calls_per_launch=n)
+    return t["ms"]
