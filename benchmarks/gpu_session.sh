@@ -18,6 +18,8 @@
 #   rtests       the gpu-marked runtime-mask tests alone (segment ids, lengths, offsets, soft cap)
 #   runtime      splat bench-runtime (documents, Gemma 2 local layer) vs FlexAttention / FA3
 #                -> $OUT/bench-runtime.json and .png
+#   neighborhood splat bench on the GRID patterns (2-D / 3-D neighborhoods) vs FlexAttention and dense cuDNN
+#                -> $OUT/bench-neighborhood.json and .png (+ grid pictures)
 # Usage there (after the wheel install prefix): bash benchmarks/gpu_session.sh tests sanitize
 set -u
 OUT=${OUT:-/tmp/splat-out}
@@ -33,6 +35,12 @@ for stage in "$@"; do
       timeout 300 python3 -m pytest -q -m gpu tests/test_runtime_mask.py -p no:cacheprovider -rs -x \
         >"$OUT/gpu_rtests.log" 2>&1
       echo "pytest rc=$?"; grep -E "Error|error|FAIL" "$OUT/gpu_rtests.log" | head -20; tail -4 "$OUT/gpu_rtests.log" ;;
+    neighborhood)
+      timeout 450 python3 -m splat bench --patterns neighborhood_2d neighborhood_2d_k7 neighborhood_2d_dilated \
+        neighborhood_2d_k63 neighborhood_3d --heads 16 --head-dim 128 --dtype bfloat16 --mode both \
+        --peers splat flex cudnn_dense --out "$OUT/bench-neighborhood.json" --plot "$OUT/bench-neighborhood.png" \
+        >"$OUT/bench-neighborhood.log" 2>&1
+      echo "neighborhood bench rc=$?"; grep -E "neighborhood" "$OUT/bench-neighborhood.log" | tail -30 ;;
     runtime)
       timeout 420 python3 -m splat bench-runtime --out "$OUT/bench-runtime.json" --plot "$OUT/bench-runtime.png" \
         ${RUNTIME_ARGS:-} >"$OUT/bench-runtime.log" 2>&1
