@@ -168,6 +168,18 @@ def test_bench_runs_grid_patterns_at_their_own_length(grid_bench):
         assert ("neighborhood_3d", "cudnn_dense") in reasons and ("neighborhood_3d", "flex") in reasons
 
 
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="the rule is for machines without a GPU")
+def test_default_suite_skips_large_grids_without_a_gpu():
+    big = {"window": masks.sliding_window(3), "big_grid": masks.neighborhood((72, 64), 3)}  # 4608 tokens
+    cfg = bench.BenchConfig(patterns=None, lengths=(32,), heads=1, head_dim=8, mode="fwd",
+                            peers=("splat",), warmup=0, repeats=1)  # fmt: skip
+    lines = []
+    result = bench.run_bench(cfg, big, log=lines.append)
+    assert {r["pattern"] for r in result["results"]} == {"window"}
+    said = "big_grid: grid pattern of the default suite skipped without a GPU: S=4608 > 4096"
+    assert any(said in x for x in lines)
+
+
 def test_bench_records_and_prints_the_grid_form(grid_bench, tmp_path):
     result, printed = grid_bench
     grids = {g["pattern"]: g for g in result["grid_masks"]}

@@ -255,6 +255,11 @@ def resolve_patterns(
     return out
 
 
+# Without a GPU, grid patterns of the default suite run only up to this many tokens (or the
+# largest --lengths): each exists at one S only, 16384 for the catalogue's GRID.
+CPU_GRID_TOKENS = 4096
+
+
 def pattern_lengths(
     name: str, make: Callable[[int], object], lengths: Sequence[int]
 ) -> list[tuple[int, object]]:
@@ -363,9 +368,13 @@ def run_bench(
     for name, make in pats:
         runs = pattern_lengths(name, make, config.lengths)
         grid = grid_view.grid_of(runs[0][1])
-        if grid is not None and config.patterns is None and not on_gpu():
-            # the default suite's grids are 16384 tokens: dense peers alone need GBs on a CPU
-            log(f"  {name}: grid pattern of the default suite skipped without a GPU (name it to run it)")
+        too_big = max(CPU_GRID_TOKENS, *config.lengths)
+        if grid is not None and config.patterns is None and not on_gpu() and runs[0][0] > too_big:
+            # the default suite's grids have 16384 tokens: its dense peers alone need GBs on a CPU
+            log(
+                f"  {name}: grid pattern of the default suite skipped without a GPU: "
+                f"S={runs[0][0]} > {too_big} (name it with --patterns to run it)"
+            )
             continue
         if grid is not None:
             s, mask = runs[0]
