@@ -60,7 +60,7 @@ import numpy as np
 from splat.tools import grid_view
 from splat.tools.check import CHECK_RULE, OutputCheck, short_error
 from splat.tools.peers import PEERS, PeerUnavailable, Problem
-from splat.tools.timing import TIMING_METHOD, on_gpu, sampling, time_call
+from splat.tools.timing import TIMING_METHOD, on_gpu, sampling
 
 __all__ = [
     "BenchConfig",
@@ -418,16 +418,7 @@ def run_bench(
                     try:
                         prepared = PEERS[peer].prepare(problem)
                         verdict = check.verdict(peer, prepared, problem)
-                        t = time_call(
-                            prepared.run,
-                            config.warmup,
-                            config.repeats,
-                            launch=prepared.launch,
-                            sync=prepared.sync,
-                            per_sample=per_sample,
-                            calls_per_launch=prepared.calls_per_launch,
-                            min_sample_ms=min_sample_ms,
-                        )
+                        t = prepared.time(config.warmup, config.repeats, per_sample, min_sample_ms)
                     except PeerUnavailable as e:
                         skip(base, peer, str(e), check)
                         continue

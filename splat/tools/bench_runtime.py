@@ -660,16 +660,7 @@ def run_runtime_bench(
                             ref = out
                         verdicts[peer] = _verdict(out, ref, w.dtype, "splat did not run")
                         del got, out
-                    t = time_call(
-                        prepared.run,
-                        config.warmup,
-                        config.repeats,
-                        launch=prepared.launch,
-                        sync=prepared.sync,
-                        per_sample=per_sample,
-                        calls_per_launch=prepared.calls_per_launch,
-                        min_sample_ms=min_sample_ms,
-                    )
+                    t = prepared.time(config.warmup, config.repeats, per_sample, min_sample_ms)
                 except Exception as e:  # unavailable, or crashed: record why and go on
                     why = str(e) if isinstance(e, PeerUnavailable) else f"error: {short_error(e)}"
                     skipped.append({**base, "impl": peer, "reason": why})

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from splat.tools.mask_forms import band_of, flash_attn3_arguments, mask_expression
-from splat.tools.timing import compile_timed
+from splat.tools.timing import compile_timed, time_call
 
 __all__ = [
     "FLASH_ATTN3_HEAD_DIMS",
@@ -136,6 +136,19 @@ class Prepared:
     calls_per_launch: int = 1
     # splat's own peers: the jax_bindings backend that ran (splat_backend()); None for other peers
     splat_backend: str | None = None
+
+    def time(self, warmup: int, repeats: int, per_sample: int, min_sample_ms: float) -> dict:
+        """:func:`splat.tools.timing.time_call` of this run: its launches and syncs when it has them."""
+        return time_call(
+            self.run,
+            warmup,
+            repeats,
+            launch=self.launch,
+            sync=self.sync,
+            per_sample=per_sample,
+            calls_per_launch=self.calls_per_launch,
+            min_sample_ms=min_sample_ms,
+        )
 
 
 @dataclass(frozen=True)
