@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import acsr
 from acsr import ACSR
-from jax_bindings._triton.spec import Tiles
+from jax_bindings._triton.spec import Tiles, padded_head_dim
 
 # Matmuls per visited tile, relative to the forward's two (QK^T, PV): dq recomputes QK^T and
 # adds dP = dO V^T and dQ = dS K; dk/dv adds dV and dK as well.
@@ -62,7 +62,7 @@ class Resources:
 def resources(op: str, tiles: Tiles, head_dim: int, itemsize: int = 2) -> Resources:
     """Shared memory and registers per thread of one program of ``op`` with ``tiles``."""
     bm, bn, w, st, _ = tiles
-    d = max(16, 1 << (head_dim - 1).bit_length())
+    d = padded_head_dim(head_dim)
     # K and V tiles of every pipeline stage, plus the resident Q (dk/dv: resident K and V, Q/dO staged)
     smem = st * 2 * bn * d * itemsize + bm * d * itemsize * (2 if op == "bwd_dkdv" else 1)
     fp32 = _SCORE_TILES[op] * bm * bn + _ACC_TILES[op] * bm * d

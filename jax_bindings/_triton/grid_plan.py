@@ -35,14 +35,14 @@ import numpy as np
 
 from acsr import GridAxis, GridWindows
 from jax_bindings._triton import cost
-from jax_bindings._triton.spec import Tiles
+from jax_bindings._triton.spec import HeadShape, Tiles, pow2_ceil
 
 GRID_OPS = ("fwd", "bwd_dq", "bwd_dkdv")
 AXES = 3  # grids of 1 to 3 axes are padded to 3 (leading axes of length 1)
 
 
 @dataclass(frozen=True)
-class GridSpec:
+class GridSpec(HeadShape):
     """Frozen description of one generated grid kernel (cache key of the generator).
 
     ``grid``/``dilation`` are the layout's axes padded to 3 (for ``bwd_dkdv`` the
@@ -75,14 +75,6 @@ class GridSpec:
     def block_n(self) -> int:
         return math.prod(self.k_tile)
 
-    @property
-    def group(self) -> int:
-        return self.num_heads // self.num_kv_heads
-
-    @property
-    def block_d(self) -> int:
-        return max(16, 1 << (self.head_dim - 1).bit_length())
-
     def meta_names(self) -> tuple[str, ...]:
         return ("QCoord", "Region", "Win")
 
@@ -94,10 +86,6 @@ class GridPlan:
     spec: GridSpec
     meta: tuple[np.ndarray, ...] = field(repr=False)
     row_blocks: int
-
-
-def _pow2_ceil(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 def _padded_axes(windows: GridWindows) -> tuple[GridAxis, ...]:
@@ -127,9 +115,9 @@ def _phase_patches(axis: GridAxis, t: int) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(coords), np.asarray(regions, np.int64).reshape(-1, 2)
 
 
-def _tile_shapes(axes, block: int, extent) -> list[tuple[int, ...]]:
+def _tile_shapes(block: int, extent) -> list[tuple[int, ...]]:
     """Power-of-two tile shapes of ``block`` cells, no axis longer than ``extent[a]`` rounded up."""
-    caps = [_pow2_ceil(max(1, e)) for e in extent]
+    caps = [pow2_ceil(max(1, e)) for e in extent]
     opts = [[1 << i for i in range(c.bit_length()) if (1 << i) <= c] for c in caps]
     return [s for s in itertools.product(*opts) if math.prod(s) == block]
 
@@ -143,9 +131,9 @@ def _query_tile(axes, block_m: int) -> tuple[int, int, int]:
         box = math.prod(min(t[i] + reach[i] - 1, sub[i]) for i in range(AXES))
         return box / math.prod(min(t[i], sub[i]) for i in range(AXES))
 
-    shapes = _tile_shapes(axes, block_m, sub)
+    shapes = _tile_shapes(block_m, sub)
     if not shapes:  # fewer queries than one tile on every axis: take the whole grid
-        return _at_least_16(tuple(_pow2_ceil(s) for s in sub))
+        return _at_least_16(tuple(pow2_ceil(s) for s in sub))
     return min(shapes, key=lambda t: (waste(t), [-x for x in t[::-1]]))  # ties: longer inner axes
 
 
@@ -159,9 +147,9 @@ def _at_least_16(t: tuple[int, ...]) -> tuple[int, ...]:
 def _key_tile(region: np.ndarray, block_n: int) -> tuple[int, int, int]:
     """Key tile of ``block_n`` keys covering the patches' boxes with the fewest padded keys."""
     need = [int(region[a][:, 1].max(initial=1)) for a in range(AXES)]
-    shapes = _tile_shapes(None, block_n, need)
+    shapes = _tile_shapes(block_n, need)
     if not shapes:
-        return _at_least_16(tuple(_pow2_ceil(max(1, n)) for n in need))
+        return _at_least_16(tuple(pow2_ceil(max(1, n)) for n in need))
 
     def padded(t):  # keys walked over every patch: separable, a product of per-axis sums
         return math.prod(int((-(-region[a][:, 1] // t[a]) * t[a]).sum()) for a in range(AXES))
@@ -230,7 +218,7 @@ def grid_plan(op: str, windows: GridWindows, dtype: str, head_dim: int, num_head
         warps,
         stages,
     )
-    meta = tuple(m for m in (qcoord, reg, win))
+    meta = (qcoord, reg, win)
     for m in meta:
         m.setflags(write=False)
     return GridPlan(spec, meta, math.prod(patches))

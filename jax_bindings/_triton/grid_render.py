@@ -59,21 +59,7 @@ def _header(spec: GridSpec) -> str:
         QMAX = tl.constexpr({max(p[a] * t[a] for a in range(3))})
         PMAX = tl.constexpr({max(p)})
         NMAX = tl.constexpr({max(g)})
-        ROWS = tl.constexpr({spec.size})
-        COLS = tl.constexpr({spec.size})
-        Q_LEN = tl.constexpr({spec.size})
-        KV_LEN = tl.constexpr({spec.size})
-        H = tl.constexpr({H})
-        HKV = tl.constexpr({HKV})
-        GROUP = tl.constexpr({spec.group})
-        D = tl.constexpr({D})
-        BLOCK_D = tl.constexpr({spec.block_d})
-        EVEN_D = tl.constexpr({spec.block_d == D})
-        Q_ROW = tl.constexpr({H * D})
-        KV_ROW = tl.constexpr({HKV * D})
-        LOG2E = tl.constexpr(1.4426950408889634)
-        LN2 = tl.constexpr(0.6931471805599453)
-        """)
+        """) + kernel_lines.tile_constants(spec.size, spec.size, spec.size, spec.size, spec)
 
 
 # The walk shared by every grid kernel: the patch's rows and windows, then a loop over the

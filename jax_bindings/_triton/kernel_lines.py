@@ -5,6 +5,29 @@ They read the names both walks define: ``b``, ``h`` / ``hk``, ``bq`` / ``bk`` (t
 offset), ``rows`` and ``valid`` (the program's rows), ``offs_d`` and the walk's accumulators.
 """
 
+def tile_constants(rows: int, cols: int, q_len: int, kv_len: int, spec) -> str:
+    """The module constants the shared tile functions (:mod:`jax_bindings._triton.tile_source`)
+    read, for a spec with ``num_heads``, ``num_kv_heads``, ``head_dim``, ``group``, ``block_d``."""
+    h, hkv, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
+    values = [
+        ("ROWS", rows),
+        ("COLS", cols),
+        ("Q_LEN", q_len),
+        ("KV_LEN", kv_len),
+        ("H", h),
+        ("HKV", hkv),
+        ("GROUP", spec.group),
+        ("D", d),
+        ("BLOCK_D", spec.block_d),
+        ("EVEN_D", spec.block_d == d),
+        ("Q_ROW", h * d),
+        ("KV_ROW", hkv * d),
+        ("LOG2E", 1.4426950408889634),
+        ("LN2", 0.6931471805599453),
+    ]
+    return "".join(f"{name} = tl.constexpr({value})\n" for name, value in values)
+
+
 # forward: normalise; fully masked rows give 0 and lse -inf
 FWD_EPILOGUE = [
     "# -- epilogue: normalise; fully masked rows give 0 and lse -inf",

@@ -65,8 +65,31 @@ class ResSpec:
     slot_offset: int
 
 
+def pow2_ceil(n: int) -> int:
+    """The least power of two >= ``n`` (1 for ``n <= 1``)."""
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def padded_head_dim(head_dim: int) -> int:
+    """``BLOCK_D``: the head dim rounded up to a power of two, at least 16 (``tl.dot``)."""
+    return max(16, pow2_ceil(head_dim))
+
+
+class HeadShape:
+    """What every kernel spec derives from its ``num_heads``, ``num_kv_heads`` and ``head_dim``."""
+
+    @property
+    def group(self) -> int:
+        """GQA ratio: query heads per key/value head."""
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def block_d(self) -> int:
+        return padded_head_dim(self.head_dim)
+
+
 @dataclass(frozen=True)
-class KernelSpec:
+class KernelSpec(HeadShape):
     """Frozen description of one generated kernel (cache key of the generator).
 
     ``rows``/``cols`` are the layout's ``q_len``/``kv_len``; for ``bwd_dkdv``
@@ -109,15 +132,6 @@ class KernelSpec:
     loop: str = "fused"
     ordered: bool = False
     runtime: str = ""
-
-    @property
-    def group(self) -> int:
-        """GQA ratio: query heads per key/value head."""
-        return self.num_heads // self.num_kv_heads
-
-    @property
-    def block_d(self) -> int:
-        return max(16, 1 << (self.head_dim - 1).bit_length())
 
     def runtime_names(self) -> tuple[str, ...]:
         """Names of the runtime-mask operands, in the order kernels take them (after the inputs)."""
