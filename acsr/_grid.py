@@ -40,6 +40,7 @@ rows become segments.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from dataclasses import dataclass
@@ -132,13 +133,24 @@ class GridWindows:
         g = self.grid
         return tuple(math.prod(g[a + 1 :]) for a in range(len(g)))
 
-    def digest(self) -> bytes:
+    @functools.cached_property
+    def _digest(self) -> bytes:
         h = hashlib.blake2b(digest_size=20)
         for a in self.axes:
             h.update(f"grid{a.length},{a.dilation};".encode())
             h.update(a.first.tobytes())
             h.update(a.count.tobytes())
         return h.digest()
+
+    def digest(self) -> bytes:
+        """A hash of the tables; equal products have equal digests (and hash and compare equal)."""
+        return self._digest
+
+    def __hash__(self) -> int:
+        return hash(self._digest)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, GridWindows) and self._digest == other._digest
 
     def row_counts(self) -> np.ndarray:
         """Keys per query token, int64 ``[size]``."""
