@@ -1,7 +1,8 @@
 """Spike: the spatial-tile grid kernels on N-D neighborhoods against FlexAttention (one GPU, one process).
 
 Times splat's forward and forward+backward (JAX, 10 calls chained in one jitted program) and
-FlexAttention's (``torch.compile``, block mask from the same per-axis windows, built once), and
+FlexAttention's (``torch.compile``, block mask built once from ``mask_forms.mask_expression``, as in
+``splat bench``; the spike files of 2026-11-24 used per-axis table lookups in the ``mask_mod``), and
 splat's dense (full mask) forward for its own dense-tile rate. Useful TFLOP/s = 4 B H nnz D / t
 (forward), 2.5x that for forward+backward.
 
@@ -21,6 +22,7 @@ import numpy as np
 import splat
 from splat import masks
 from splat.tools import timing
+from splat.tools.mask_forms import mask_expression
 
 CASES = {
     "2d15": ((128, 128), 15, {}),
@@ -35,28 +37,10 @@ def _flex(mask, q, k, v, do, mode):
     import torch
     from torch.nn.attention import flex_attention as fa
 
-    w = mask.windows()
-    steps = w.steps
-    tabs = [
-        (
-            torch.tensor(a.first.astype(np.int64), device="cuda"),
-            torch.tensor(a.end().astype(np.int64), device="cuda"),
-            a.dilation,
-            a.length,
-            st,
-        )
-        for a, st in zip(w.axes, steps, strict=True)
-    ]
+    expr = mask_expression(mask)  # the bench's FlexAttention form of the neighborhood
 
     def mask_mod(b, h, qi, ki):
-        ok = None
-        for first, end, d, n, st in tabs:
-            xq = (qi // st) % n
-            yk = (ki // st) % n
-            f = first[xq]
-            c = (yk >= f) & (yk < end[xq]) & ((yk - f) % d == 0)
-            ok = c if ok is None else ok & c
-        return ok
+        return expr(qi, ki)
 
     s = mask.size
     t0 = time.perf_counter()
