@@ -250,34 +250,29 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
         tma_load_4d(s_v + s * TILE + BN * 128, gv, full_v(s), 64, hkv, n0, b);
       }
     } else {
-    for (int t = 0; t < n_tiles; ++t) {
-      const int s = t % STAGES, n0 = (t0 + t) * BN;
-      if (t >= STAGES) mbar_wait(empty_k(s), ((t / STAGES) & 1) ^ 1);
-      if (FEED == 0) {
+      // every producer thread copies 16 of the tile's rows (one 16-byte chunk each); a tile
+      // completes on `full` once all 128 threads' copies land (or, with no feed, on arrival)
+      auto fill = [&](uint32_t dst, const __nv_bfloat16* src, int n0, uint32_t full) {
+        if (FEED == 0) {
 #pragma unroll
-        for (int r = r_first; r < BN; r += 8) {
-          const int n = n0 + r;
-          const bool ok = n < Skv;
-          cp_async16(s_k + s * TILE + swz(r, j, BN), kb + (ok ? n : 0) * kv_row + j * 8, ok ? 16 : 0);
+          for (int r = r_first; r < BN; r += 8) {
+            const int n = n0 + r;
+            const bool ok = n < Skv;
+            cp_async16(dst + swz(r, j, BN), src + (ok ? n : 0) * kv_row + j * 8, ok ? 16 : 0);
+          }
+          cp_async_arrive(full);
+        } else {
+          mbar_arrive(full);
         }
-        cp_async_arrive(full_k(s));
-      } else {
-        mbar_arrive(full_k(s));
+      };
+      for (int t = 0; t < n_tiles; ++t) {
+        const int s = t % STAGES, n0 = (t0 + t) * BN;
+        if (t >= STAGES) mbar_wait(empty_k(s), ((t / STAGES) & 1) ^ 1);
+        fill(s_k + s * TILE, kb, n0, full_k(s));
+        if (t >= STAGES) mbar_wait(empty_v(s), ((t / STAGES) & 1) ^ 1);
+        fill(s_v + s * TILE, vb, n0, full_v(s));
       }
-      if (t >= STAGES) mbar_wait(empty_v(s), ((t / STAGES) & 1) ^ 1);
-      if (FEED == 0) {
-#pragma unroll
-        for (int r = r_first; r < BN; r += 8) {
-          const int n = n0 + r;
-          const bool ok = n < Skv;
-          cp_async16(s_v + s * TILE + swz(r, j, BN), vb + (ok ? n : 0) * kv_row + j * 8, ok ? 16 : 0);
-        }
-        cp_async_arrive(full_v(s));
-      } else {
-        mbar_arrive(full_v(s));
-      }
-    }
-    asm volatile("cp.async.wait_all;" ::: "memory");
+      asm volatile("cp.async.wait_all;" ::: "memory");
     }
   } else {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 __CONSUMER_REGS__;" ::: "memory");
