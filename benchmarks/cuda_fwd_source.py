@@ -2,15 +2,19 @@
 
 The spike's kernel (``benchmarks/spike_cuda_fwd.py``); a candidate second generator target for
 splat's kernel core (issue 10). One CTA owns ``BM = 128`` query rows of one (batch, head) and
-walks the key tiles of ``BN = 128`` keys that its rows can see:
+walks the key tiles of ``block_n`` keys (128 or 176) that its rows can see:
 
 * warps 0-7 are two consumer warpgroups of 64 rows each: ``S = Q K^T`` and ``O += P V`` with
-  ``wgmma`` (``m64n128k16``, bf16 in, fp32 accumulators); Q and K from shared memory through
+  ``wgmma`` (``m64nNk16``, bf16 in, fp32 accumulators); Q and K from shared memory through
   matrix descriptors, P from registers (the fp32 accumulator fragment of ``S`` is, element for
   element, the bf16 A fragment of the next product), V from shared memory read transposed;
-* warp 8 is the producer: it copies K and V tiles with ``cp.async`` (16 bytes a lane) into a
-  ring of ``STAGES`` buffers, each completing on an mbarrier (``cp.async.mbarrier.arrive``);
-  consumers release a buffer on a second mbarrier once their ``wgmma`` reading it is done;
+  ``overlap`` issues QK of tile t with PV of tile t-1 and runs the softmax of t under it;
+  ``pingpong`` makes the two warpgroups take turns issuing (named barriers);
+* warps 8-11 are the producer warpgroup (``setmaxnreg``: 24 registers, the consumers 240): K and
+  V tiles into a ring of ``stages`` buffers, each completing on an mbarrier, by TMA (one lane
+  issues ``cp.async.bulk.tensor`` through tensor maps it published for the CTA) or by ``cp.async``
+  (16 bytes a thread); consumers release a buffer on a second mbarrier once their ``wgmma``
+  reading it is done;
 * tiles are stored in 64-column blocks of 128-byte rows with the 128-byte swizzle (16-byte
   chunk ``c`` of row ``r`` at chunk ``c ^ (r % 8)``): the layout ``wgmma`` reads K-major (Q, K)
   and, for V, MN-major, with no bank conflicts;
