@@ -26,6 +26,18 @@ from jax_bindings._triton.launch import run_torch
 from tests.test_triton_kernels import CASES, _inputs, _layout
 
 
+def _fused(label: str, cf, cq, ck, q, k, v, do, rq=(), rk=()):
+    """Launches the fused forward ``cf`` and backward (``cq``: dq, ``ck``: dk/dv; ``rq`` / ``rk``:
+    their runtime-mask operands), waits, checks every output is finite; returns ``out``."""
+    out, lse = run_torch(cf, q, k, v, *rq)
+    dq, delta = run_torch(cq, q, k, v, do, out, lse, *rq)
+    dk, dv = run_torch(ck, q, k, v, do, lse, delta, *rk)
+    torch.cuda.synchronize()
+    for what, t in (("out", out), ("dq", dq), ("dk", dk), ("dv", dv)):
+        assert torch.isfinite(t.float()).all(), f"{label}: non-finite {what}"
+    return out
+
+
 def main() -> None:
     launched = 0
     for name in CASES:
@@ -33,17 +45,14 @@ def main() -> None:
         arrays = _inputs(layout, seed=1, H=2, Hkv=1, D=64, dtype=np.float16)
         q, k, v, do = (torch.from_numpy(a).cuda() for a in arrays)
         scale = 64**-0.5
-        out, lse = run_torch(cg.fwd_call(layout, q.shape, k.shape, "float16", scale), q, k, v)
-        cq, ck = cg.bwd_calls(layout, q.shape, k.shape, "float16", scale)
-        dq, delta = run_torch(cq, q, k, v, do, out, lse)
-        dk, dv = run_torch(ck, q, k, v, do, lse, delta)
+        cf = cg.fwd_call(layout, q.shape, k.shape, "float16", scale)
+        out = _fused(name, cf, *cg.bwd_calls(layout, q.shape, k.shape, "float16", scale), q, k, v, do)
         (s,) = run_torch(cg.sddmm_call(layout, q.shape, k.shape, "float16"), q, k)
         (p,) = run_torch(cg.softmax_call(layout, s.shape, "float16", scale), s)
         (o,) = run_torch(cg.spmm_call(layout, p.shape, v.shape, "float16"), p, v)
         torch.cuda.synchronize()
         launched += 7
-        for what, t in (("out", out), ("dq", dq), ("dk", dk), ("dv", dv), ("spmm", o)):
-            assert torch.isfinite(t.float()).all(), f"{name}: non-finite {what}"
+        assert torch.isfinite(o.float()).all(), f"{name}: non-finite spmm"
         err = ((o.float() - out.float()).abs().max() / out.float().abs().max().clamp(min=1)).item()
         assert err < 2e-2, f"{name}: fused and unfused outputs differ by {err:.3g}"
         print(f"{name:18s} 7 kernels ok (fused vs unfused {err:.1e})")
@@ -68,14 +77,10 @@ def grid_layouts() -> int:
         layout = masks.neighborhood(grid, kernel, **kw).to_acsr()
         arrays = _inputs(layout, seed=1, B=2, H=4, Hkv=2, D=64, dtype=np.float16)
         q, k, v, do = (torch.from_numpy(a).cuda() for a in arrays)
-        out, lse = run_torch(cg.fwd_call(layout, q.shape, k.shape, "float16", 0.125), q, k, v)
+        cf = cg.fwd_call(layout, q.shape, k.shape, "float16", 0.125)
         cq, ck = cg.bwd_calls(layout, q.shape, k.shape, "float16", 0.125)
-        dq, delta = run_torch(cq, q, k, v, do, out, lse)
-        dk, dv = run_torch(ck, q, k, v, do, lse, delta)
-        torch.cuda.synchronize()
+        _fused(f"grid {grid} {kernel}", cf, cq, ck, q, k, v, do)
         launched += 3
-        for what, t in (("out", out), ("dq", dq), ("dk", dk), ("dv", dv)):
-            assert torch.isfinite(t.float()).all(), f"grid {grid} {kernel}: non-finite {what}"
         print(f"grid {str(grid):12s} kernel {str(kernel):10s} 3 kernels ok")
     return launched
 
@@ -100,14 +105,10 @@ def runtime_masks() -> int:
         rk = [torch.from_numpy(x).cuda() for x in _operands(rt, keys=True)]
         kind_name = "ranges" if rt.q_ids is None else "ids"
         kw = dict(runtime=kind_name, soft_cap=3.0)
-        out, lse = run_torch(cg.fwd_call(layout, q.shape, k.shape, "float16", 0.125, **kw), q, k, v, *rq)
+        cf = cg.fwd_call(layout, q.shape, k.shape, "float16", 0.125, **kw)
         cq, ck = cg.bwd_calls(layout, q.shape, k.shape, "float16", 0.125, **kw)
-        dq, delta = run_torch(cq, q, k, v, do, out, lse, *rq)
-        dk, dv = run_torch(ck, q, k, v, do, lse, delta, *rk)
-        torch.cuda.synchronize()
+        _fused(f"{name}/{kind}", cf, cq, ck, q, k, v, do, rq, rk)
         launched += 3
-        for what, t in (("out", out), ("dq", dq), ("dk", dk), ("dv", dv)):
-            assert torch.isfinite(t.float()).all(), f"{name}/{kind}: non-finite {what}"
         print(f"{name:18s} {kind:13s} 3 kernels ok")
     return launched
 
@@ -130,15 +131,10 @@ def tuned_configs() -> int:
         for op, tiles in sorted(configs):
             fwd_tiles = tiles if op == "fwd" else None
             cf = cg.fwd_call(layout, q.shape, k.shape, "bfloat16", scale, tiles=fwd_tiles)
-            out, lse = run_torch(cf, q, k, v)
             pair = (tiles, None) if op == "bwd_dq" else (None, tiles) if op == "bwd_dkdv" else None
             cq, ck = cg.bwd_calls(layout, q.shape, k.shape, "bfloat16", scale, tiles=pair)
-            dq, delta = run_torch(cq, q, k, v, do, out, lse)
-            dk, dv = run_torch(ck, q, k, v, do, lse, delta)
-            torch.cuda.synchronize()
+            _fused(f"{name} {op} {tiles}", cf, cq, ck, q, k, v, do)
             launched += 3
-            for what, t in (("out", out), ("dq", dq), ("dk", dk), ("dv", dv)):
-                assert torch.isfinite(t.float()).all(), f"{name} {op} {tiles}: non-finite {what}"
         print(f"{name:18s} {len(configs)} tuned (op, tiles) ok")
     return launched
 
