@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +30,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from jax_bindings._disk_cache import cache_dir, cached_bytes
+from jax_bindings._disk_cache import disabled as _disabled
+from jax_bindings._disk_cache import write_atomic as _write_atomic
 from jax_bindings._triton.render import render
 from jax_bindings._triton.spec import KernelSpec
 
@@ -54,26 +56,6 @@ def stats() -> dict[str, float]:
     """
     names = ("rendered", "render_s", "compile_calls", "disk_hits", "compiled", "compile_s")
     return {k: _STATS[k] for k in (*names, "images", "image_hits", "image_s")}
-
-
-def _write_atomic(path: Path, data: str | bytes) -> None:
-    """Writes ``data`` to ``path`` through a temp file in the same folder and ``os.replace``:
-    a concurrent reader (another process) sees the old file or the new one, never a part."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem[:16]}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
-def cache_dir() -> Path:
-    """The folder generated kernels are written to."""
-    d = os.environ.get("SPLAT_CACHE_DIR")
-    return Path(d) if d else Path.home() / ".cache" / "splat" / "kernels"
 
 
 def load(spec: KernelSpec, *, interpret: bool = False) -> ModuleType:
@@ -114,10 +96,6 @@ def load(spec: KernelSpec, *, interpret: bool = False) -> ModuleType:
 
 
 # -- compiled kernels ------------------------------------------------------------
-
-
-def _disabled() -> bool:
-    return os.environ.get("SPLAT_NO_DISK_CACHE", "") not in ("", "0")
 
 
 class CompileCache:
@@ -269,22 +247,10 @@ def module_image(ptx: str, arch: str, assemble: Callable[[str], bytes], *, salt:
     is empty or unreadable is a miss. ``SPLAT_NO_DISK_CACHE=1``: always assemble.
     """
     _STATS["images"] += 1
-    key = hashlib.sha256(json.dumps(["cubin", 1, salt, arch, ptx]).encode()).hexdigest()
-    path = cache_dir() / "cubin" / f"{key}.cubin"
-    if not _disabled():
-        try:
-            data = path.read_bytes()
-            if data:
-                _STATS["image_hits"] += 1
-                return data
-        except OSError:
-            pass
     t = time.perf_counter()
-    data = assemble(ptx)
-    _STATS["image_s"] += time.perf_counter() - t
-    if not _disabled():
-        try:
-            _write_atomic(path, data)
-        except OSError as e:  # read-only or full disk: the cubin is still good
-            _log.debug("splat: cannot write cubin cache entry %s (%s)", path, e)
+    data, hit = cached_bytes("cubin", ["cubin", 1, salt, arch, ptx], lambda: assemble(ptx), suffix=".cubin")
+    if hit:
+        _STATS["image_hits"] += 1
+    else:
+        _STATS["image_s"] += time.perf_counter() - t
     return data
