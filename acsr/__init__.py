@@ -2,7 +2,8 @@
 
 Depends on numpy only (no other package of this project). See :mod:`acsr._format`
 for the documented arrays and :mod:`acsr._plan` for the backend-neutral walk plans
-(row order, key spans, segment modes, tile cover, block order, pattern family).
+(row order, key spans, segment modes, tile cover, block order, pattern family,
+diagonal bands).
 """
 
 from acsr._build import (
@@ -24,8 +25,10 @@ from acsr._law import MAX_PIECES, ClosedForm, Law, Piece, fit_closed_form, fit_l
 from acsr._plan import (
     FAMILIES,
     MODES,
+    Band,
     SegmentMode,
     WalkPlan,
+    band,
     block_order,
     block_rows,
     block_work,
@@ -47,6 +50,7 @@ from acsr._runs import (
 
 __all__ = [
     "ACSR",
+    "Band",
     "BlockResidual",
     "ClosedForm",
     "DEFAULT_BLOCK",
@@ -62,6 +66,7 @@ __all__ = [
     "Segment",
     "SegmentMode",
     "WalkPlan",
+    "band",
     "block_order",
     "block_rows",
     "block_work",

@@ -376,3 +376,66 @@ def pattern_family(layout: ACSR) -> str:
     if "prefix" in kinds and bands & set(kinds) and set(kinds) <= bands | {"prefix", "full", "causal"}:
         return "global_window"
     return "other"
+
+
+# -- diagonal bands ---------------------------------------------------------------------
+
+
+class Band(NamedTuple):
+    """A mask that is one diagonal band: row ``i`` sees keys ``j`` with ``i - left <= j <= i + right``
+    and ``0 <= j < kv_len``; a bound of None is open (the sequence's edge).
+
+    ``left`` and ``right`` may be negative (a band off the diagonal, such as the bottom-right
+    aligned causal mask of ``q_len < kv_len``: ``right = kv_len - q_len``). Dense is
+    ``(None, None)``, causal ``(None, 0)``, a causal window of ``W`` keys ``(W - 1, 0)``.
+    """
+
+    left: int | None
+    right: int | None
+
+
+def band(layout: ACSR) -> Band | None:
+    """``layout`` as one :class:`Band`, or None when it is not exactly one.
+
+    One non-empty segment of stride 1, no residual, no grid; the bounds are read from the rows
+    whose first (last) key is inside the sequence, and the whole layout is then compared with
+    the band they define, row by row (empty rows included), so a band is returned only where
+    it reproduces the mask exactly. An empty mask is no band.
+
+    Example:
+      >>> import numpy as np, acsr
+      >>> i, j = np.arange(64)[:, None], np.arange(64)[None, :]
+      >>> acsr.band(acsr.from_dense((j <= i) & (i - j < 8)))
+      Band(left=7, right=0)
+      >>> acsr.band(acsr.from_dense(np.ones((64, 64), bool)))
+      Band(left=None, right=None)
+      >>> acsr.band(acsr.from_dense(j % 2 == 0)) is None
+      True
+    """
+    if layout.grid is not None or layout.residual is not None:
+        return None
+    segs = [s for s in layout.segments if s.width > 0]
+    if len(segs) != 1 or segs[0].uniform_stride != 1:
+        return None
+    seg = segs[0]
+    r = np.arange(layout.q_len, dtype=np.int64)
+    some = seg.count > 0
+    lo, hi = seg.base.astype(np.int64), seg.end()
+    inside_lo, inside_hi = some & (lo > 0), some & (hi < layout.kv_len)
+    left = right = None
+    if inside_lo.any():
+        d = r[inside_lo] - lo[inside_lo]
+        if np.any(d != d[0]):
+            return None
+        left = int(d[0])
+    if inside_hi.any():
+        d = hi[inside_hi] - 1 - r[inside_hi]
+        if np.any(d != d[0]):
+            return None
+        right = int(d[0])
+    want_lo = np.zeros_like(r) if left is None else np.maximum(0, r - left)
+    want_hi = np.full_like(r, layout.kv_len) if right is None else np.minimum(layout.kv_len, r + right + 1)
+    want_count = np.maximum(0, want_hi - want_lo)
+    if not np.array_equal(want_count, seg.count) or not np.array_equal(np.where(some, want_lo, lo), lo):
+        return None
+    return Band(left, right)

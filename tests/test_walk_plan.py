@@ -138,3 +138,63 @@ def test_pattern_family_residual_and_other():
     i, j = _ij(64)
     assert acsr.pattern_family(acsr.from_dense(np.broadcast_to(j < 3, (64, 64)))) == "other"  # sinks alone
     assert acsr.pattern_family(acsr.from_dense((i + j) % 7 == 0)) != "window"
+
+
+# -- diagonal bands ---------------------------------------------------------------------
+
+
+def _band_mask(q_len, kv_len, left, right):
+    i, j = _ij(q_len, kv_len)
+    keep = np.ones((q_len, kv_len), bool)
+    if left is not None:
+        keep &= j >= i - left
+    if right is not None:
+        keep &= j <= i + right
+    return keep
+
+
+BANDS = [(None, None), (None, 0), (0, 0), (7, 0), (3, 5), (None, 3), (12, None), (-4, 9), (6, -2), (20, -15)]
+
+
+@pytest.mark.parametrize("left, right", BANDS)
+@pytest.mark.parametrize("q_len, kv_len", [(64, 64), (50, 70), (70, 33)])
+def test_band_is_read_back_from_its_dense_mask(left, right, q_len, kv_len):
+    mask = _band_mask(q_len, kv_len, left, right)
+    if not mask.any():
+        assert acsr.band(acsr.from_dense(mask)) is None
+        return
+    got = acsr.band(acsr.from_dense(mask))
+    assert got is not None
+    # the band read back may differ where a bound never binds; it must give the same mask
+    assert np.array_equal(_band_mask(q_len, kv_len, *got), mask), (got, (left, right))
+
+
+@pytest.mark.parametrize("mask", [splat.masks.causal(), splat.masks.full(), catalogue.named("causal_window"),
+                                  catalogue.named("sliding_window")], ids=repr)
+def test_band_of_catalogue_masks(mask):
+    layout = mask.to_acsr(96, 96)
+    got = acsr.band(layout)
+    assert got is not None and np.array_equal(_band_mask(96, 96, *got), layout.to_dense())
+
+
+def test_bottom_right_causal_is_a_band_off_the_diagonal():
+    layout = splat.masks.causal().to_acsr(40, 100)
+    mask = layout.to_dense()
+    got = acsr.band(layout)
+    assert got is not None and np.array_equal(_band_mask(40, 100, *got), mask)
+
+
+@pytest.mark.parametrize(
+    "mask",
+    [
+        lambda i, j: (np.abs(i - j) <= 4) & ((i - j) % 2 == 0),  # dilated
+        lambda i, j: (np.abs(i - j) <= 4) | (j < 2),  # global + window
+        lambda i, j: (i // 8) == (j // 8),  # block-local
+        lambda i, j: (j <= i) & (i > 10) | (j == i),  # a band with a hole of rows: first rows differ
+        lambda i, j: (j <= i) & (i % 5 != 0),  # empty rows inside a causal mask
+        lambda i, j: np.zeros_like(i + j, bool),  # empty
+    ],
+)
+def test_non_bands_are_none(mask):
+    i, j = _ij(48)
+    assert acsr.band(acsr.from_dense(mask(i, j))) is None
