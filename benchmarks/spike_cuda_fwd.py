@@ -2,7 +2,7 @@
 """Spike: what a CUDA C++ (wgmma) forward gives against FlashAttention-3, cuDNN and splat's Triton.
 
 The second half of issue 10's route spike (the Triton half: ``spike_hopper_fwd.py``). The kernel
-is ``cuda_fwd_source.source`` (read its docstring), built with nvcc for sm_90a on the GPU
+is ``jax_bindings._cuda.source.source`` (read its docstring), built with nvcc for sm_90a on the GPU
 machine, loaded with CuPy and launched on torch's stream; the peers are the Triton spike's
 (``flash_attn3_jax.flash_mha``, cuDNN through ``jax.nn.dot_product_attention``, and
 ``splat.attention(backend="triton")``), each timed as 10 calls chained in one jitted program.
@@ -35,8 +35,9 @@ import numpy as np  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-import cuda_fwd_source as cfs  # noqa: E402
 import spike_hopper_fwd as sh  # noqa: E402
+
+from jax_bindings._cuda import source as cfs  # noqa: E402
 
 LOG2E = sh.LOG2E
 SCHEMA = "splat-spike-cuda-fwd/1"
@@ -224,7 +225,7 @@ def check(kern: Kernel, left, right, torch) -> dict:
     return worst
 
 
-SCHEDULES = {  # consumer schedules and K/V feeds (cuda_fwd_source.source flags)
+SCHEDULES = {  # consumer schedules and K/V feeds (jax_bindings._cuda.source.source flags)
     "serial": dict(overlap=False, pingpong=False),
     "overlap": dict(overlap=True, pingpong=False),
     "pingpong": dict(overlap=False, pingpong=True),

@@ -4,9 +4,10 @@
 point: ``custom_vjp`` outside, ``custom_vmap`` inside, and ``backend="auto"``
 trying the backends of ``jax_bindings._registry`` in order, moving on only when
 one raises ``NotImplementedError``. Backends: ``jax_bindings._pure`` (pure JAX,
-every platform), ``jax_bindings._triton`` and ``jax_bindings._cudnn`` (GPU,
-imported only there). ``jax_bindings._tuning`` reads the per-device tuning
-store. Users call ``splat.attention`` and friends.
+every platform), ``jax_bindings._cuda`` (generated CUDA C++, Hopper),
+``jax_bindings._triton`` and ``jax_bindings._cudnn`` (GPU, their backend modules
+imported only there). ``jax_bindings._disk_cache`` is the kernel cache on disk;
+``jax_bindings._tuning`` reads the per-device tuning store. Users call ``splat.attention`` and friends.
 ``jax_bindings._triton`` is the Triton target (kernel specs, code generator, kernel
 cache, launchers; its jax-triton backend module needs a GPU). Imports run one way:
 ``splat -> jax_bindings -> acsr``; nothing here imports ``splat``.

@@ -367,6 +367,21 @@ def _jitted(op: str):
 _JIT = {op: _jitted(op) for op in _SIGNATURES}
 
 
+def attention_led_by(first: str, q, k, v, layout: ACSR, scale: float) -> jax.Array:
+    """The differentiable :func:`attention` as ``backend="auto"`` runs it when ``first`` ranks first.
+
+    ``first`` runs the forward; each backward op goes to the first backend, from ``first`` onward
+    in auto's order, that takes it. What the tuner times as ``first``'s forward+backward: for a
+    backend with no backward of its own (``"cuda"``) that is its forward and another's backward.
+    Raises ``NotImplementedError`` when ``first`` refuses the forward, and what :func:`attention`
+    raises for bad arguments.
+    """
+    arrays, static = (q, k, v, None), (layout, scale, None)
+    selected_backend("attention", q, k, v, layout, scale, backend=first)  # refuses, or runs there
+    rest = tuple(n for n in _order("attention", "auto", arrays, static) if n != first)
+    return _JIT["attention"](*arrays, *static, (first, *rest), True)
+
+
 def _run(op: str, backend: str, arrays: tuple, static: tuple):
     return _JIT[op](*arrays, *static, _order(op, backend, arrays, static), backend == "auto")
 

@@ -88,16 +88,17 @@ def with_module_image(call_proto: bytes, image: Callable[[str, int], bytes | Non
     """``call_proto`` (a serialized ``TritonAnyKernelCall``) with the kernel's cubin attached.
 
     ``image(ptx, compute_capability)`` returns the cubin, or None to leave the
-    kernel as it is. Calls that are not a single kernel call (autotuned) and
-    kernels that already carry an image come back unchanged.
+    kernel as it is (``ptx`` is "" for a kernel given no PTX: one compiled from CUDA
+    C++). Calls that are not a single kernel call (autotuned) and kernels that
+    already carry an image come back unchanged.
     """
 
     def kernel(buf: bytes) -> bytes:
         fields = pb_fields(buf)
         by = {f: v for f, _, v in fields}
-        if _K_IMAGE in by or _K_PTX not in by:
+        if _K_IMAGE in by:
             return buf
-        img = image(by[_K_PTX].decode(), int(by.get(_K_CC, 0)))
+        img = image(by.get(_K_PTX, b"").decode(), int(by.get(_K_CC, 0)))
         if img is None:
             return buf
         name = by.get(_K_NAME, b"")

@@ -16,7 +16,7 @@ kind, else a documented heuristic); for the unfused ops it is the order of
 Example:
   >>> from jax_bindings import _registry
   >>> _registry.names()
-  ('triton', 'cudnn', 'jax')
+  ('cuda', 'triton', 'cudnn', 'jax')
   >>> _registry.available_backends()["jax"] is None   # the pure-JAX backend runs anywhere
   True
 """
@@ -89,6 +89,13 @@ class Backend:
 
 
 ENTRIES: tuple[Backend, ...] = (
+    Backend(
+        "cuda",
+        "jax_bindings._cuda.backend",
+        "generated CUDA C++ for Hopper (sm_90a): the fused forward on one-band masks (dense, causal, "
+        "windows), head dim 128, bfloat16/float16",
+        ("gpu",),
+    ),
     Backend(
         "triton",
         "jax_bindings._triton.backend",
@@ -191,7 +198,7 @@ def available_backends() -> dict[str, str | None]:
     Example:
       >>> import jax_bindings
       >>> sorted(jax_bindings.available_backends())
-      ['cudnn', 'jax', 'triton']
+      ['cuda', 'cudnn', 'jax', 'triton']
     """
     return {e.name: unavailable(e.name) for e in ENTRIES}
 

@@ -488,7 +488,7 @@ def _bad_attention_cases():
         ),
         "mask layout size": ((q, k, v, causal.to_acsr(S, S + 2)), {}, ValueError, "mask layout is 24 x 26"),
         "mask kind": ((q, k, v, "causal"), {}, TypeError, "mask must be"),
-        "backend": ((q, k, v), {"backend": "cuda"}, ValueError, "backend must be one of"),
+        "backend": ((q, k, v), {"backend": "hopper"}, ValueError, "backend must be one of"),
         "scale zero": ((q, k, v), {"scale": 0.0}, ValueError, "scale must be a positive finite number"),
         "scale nan": ((q, k, v), {"scale": float("nan")}, ValueError, "scale must be a positive finite"),
         "scale inf": ((q, k, v), {"scale": math.inf}, ValueError, "scale must be a positive finite"),

@@ -198,7 +198,7 @@ def test_shapes_name_query_key_value():
 
 def test_construction_errors_name_their_argument():
     with pytest.raises(ValueError, match="backend"):
-        CallChecker("test", None, "cuda", fallback=False, dense_name="dense")
+        CallChecker("test", None, "hopper", fallback=False, dense_name="dense")
     with pytest.raises(TypeError, match="mask must be a splat.masks.Mask"):
         CallChecker("test", 3, "jax", fallback=False, dense_name="dense")
     with pytest.raises(ValueError, match="mask must be a boolean array"):

@@ -176,7 +176,7 @@ def test_no_mask_means_detection_mode():
 
 def test_bad_arguments():
     with pytest.raises(ValueError, match="backend"):
-        sparse_attention(mask=masks.causal(), backend="cuda")
+        sparse_attention(mask=masks.causal(), backend="hopper")
     with pytest.raises(TypeError, match="query, key, value"):
         sparse_attention(mask=masks.causal())(lambda q: q)
     with pytest.raises(TypeError, match="mask must be"):

@@ -89,7 +89,7 @@ def _check(q, k, v, do, mask, scale, backend="auto"):
 
 
 def test_backends_in_order_with_auto_first():
-    assert jax_bindings.BACKENDS == ("auto", "triton", "cudnn", "jax")
+    assert jax_bindings.BACKENDS == ("auto", "cuda", "triton", "cudnn", "jax")
     assert _registry.names()[-1] == _registry.FALLBACK == "jax"
     for e in _registry.ENTRIES:
         assert e.description and "\n" not in e.description
@@ -98,8 +98,9 @@ def test_backends_in_order_with_auto_first():
 def test_check_backend():
     for name in jax_bindings.BACKENDS:
         assert jax_bindings.check_backend(name) == name
-    for bad in ("cuda", "", None, 1, "AUTO"):
-        with pytest.raises(ValueError, match=r"backend must be one of \('auto', 'triton', 'cudnn', 'jax'\)"):
+    for bad in ("hopper", "", None, 1, "AUTO"):
+        allowed = r"\('auto', 'cuda', 'triton', 'cudnn', 'jax'\)"
+        with pytest.raises(ValueError, match=r"backend must be one of " + allowed):
             jax_bindings.check_backend(bad)
 
 
@@ -125,14 +126,15 @@ def test_available_backends_say_why(clean):
     assert list(got) == list(_registry.names())
     assert got["jax"] is None
     if jax.default_backend() != "gpu":
-        for name in ("triton", "cudnn"):
+        for name in ("cuda", "triton", "cudnn"):
             assert got[name] == "runs on gpu only; jax.default_backend() is 'cpu'"
 
 
 def test_backend_modules_import_where_they_should():
     """Nothing is registered that cannot import: the CPU-capable modules import here."""
     for e in _registry.ENTRIES:
-        if e.name != "triton":  # needs jax_triton on a CUDA JAX (checked on a GPU by test_attention)
+        # triton needs jax_triton on a CUDA JAX, cuda a Hopper GPU (checked on a GPU by their gpu tests)
+        if e.name not in ("triton", "cuda"):
             mod = importlib.import_module(e.module)
             assert all(callable(getattr(mod, op)) for op in _registry.CONTRACT_OPS), e.name
 
@@ -266,7 +268,7 @@ def test_selected_backend_argument_errors():
     with pytest.raises(TypeError, match=r"takes q, k, v, layout, scale; got 4"):
         jax_bindings.selected_backend("attention", x, x, x, layout)
     with pytest.raises(ValueError, match="backend must be one of"):
-        jax_bindings.selected_backend("sddmm", x, x, layout, backend="cuda")
+        jax_bindings.selected_backend("sddmm", x, x, layout, backend="hopper")
 
 
 def test_docstring_examples_run(clean):
@@ -277,3 +279,20 @@ def test_docstring_examples_run(clean):
     for mod in (_registry, _tuning, _dispatch, _analyzer):
         result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
         assert result.failed == 0 and result.attempted > 0, mod.__name__
+
+
+def test_attention_led_by_a_backend_runs_as_auto_would_after_it():
+    """The tuner's forward+backward of one backend: here "jax" (the only one on a CPU) leads."""
+    from jax_bindings import _dispatch
+
+    layout = masks.sliding_window(5, 2).to_acsr(40)
+    rng = np.random.default_rng(0)
+    q, k, v, do = (jnp.asarray(rng.standard_normal((1, 40, 2, 8)), jnp.float32) for _ in range(4))
+    led = lambda q, k, v: _dispatch.attention_led_by("jax", q, k, v, layout, 0.3)  # noqa: E731
+    ref = lambda q, k, v: _dispatch.attention(q, k, v, layout, 0.3, "jax")  # noqa: E731
+    (o1, pull1), (o2, pull2) = jax.vjp(led, q, k, v), jax.vjp(ref, q, k, v)
+    assert np.array_equal(o1, o2)
+    assert all(np.array_equal(a, b) for a, b in zip(pull1(do), pull2(do), strict=True))
+    if jax.default_backend() != "gpu":
+        with pytest.raises(jax_bindings.BackendUnavailableError, match="cuda"):
+            _dispatch.attention_led_by("cuda", q, k, v, layout, 0.3)

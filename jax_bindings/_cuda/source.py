@@ -1,7 +1,8 @@
-"""CUDA C++ source of a Hopper (sm_90a) attention forward, written for a window mask baked in.
+"""CUDA C++ source of a Hopper (sm_90a) attention forward, written for a diagonal band baked in.
 
-The spike's kernel (``benchmarks/spike_cuda_fwd.py``); a candidate second generator target for
-splat's kernel core (issue 10). One CTA owns ``BM = 128`` query rows of one (batch, head) and
+The generator of the ``cuda`` backend (:mod:`jax_bindings._cuda.backend`, which picks the
+variant in :mod:`jax_bindings._cuda.plan`); ``benchmarks/spike_cuda_fwd.py`` builds and times
+its schedules and feeds. One CTA owns ``BM = 128`` query rows of one (batch, head) and
 walks the key tiles of ``block_n`` keys (128 or 176) that its rows can see:
 
 * warps 0-7 are two consumer warpgroups of 64 rows each: ``S = Q K^T`` and ``O += P V`` with
@@ -18,19 +19,23 @@ walks the key tiles of ``block_n`` keys (128 or 176) that its rows can see:
 * tiles are stored in 64-column blocks of 128-byte rows with the 128-byte swizzle (16-byte
   chunk ``c`` of row ``r`` at chunk ``c ^ (r % 8)``): the layout ``wgmma`` reads K-major (Q, K)
   and, for V, MN-major, with no bank conflicts;
+* no header is included (NVRTC compiles it with no include path; nvcc too);
 * online softmax in base 2 with ``scale * log2(e)`` applied in fp32; tiles inside every row's
   window skip the mask; out-of-range keys are zero-filled and masked.
 
 Mask: a query at row ``i`` sees keys ``j`` with ``i - left <= j <= i + right`` (``None``: no
-bound), ``j < Skv``. Dense is ``(None, None)``; causal ``(None, 0)``; a causal window of ``W``
-keys ``(W - 1, 0)``. Inputs ``[B, S, H, D]`` bf16 with ``D = 128``, GQA by ``H // Hkv``;
-outputs ``out [B, Sq, H, D]`` bf16 and ``lse [B, H, Sq]`` fp32 (natural log; ``-inf`` and
-``out = 0`` on a row with no key). Parameters: the array inputs, the scalars, then the array
-outputs (the order jaxlib's kernel call hands buffers in): ``q, k, v, tmap_templates, Sq, Skv,
-H, Hkv, scale_log2, out, lse, tmap_slots``.
+bound; either may be negative), ``0 <= j < Skv``; a row block that sees no key skips its walk
+(its rows give ``out = 0``, ``lse = -inf``). Dense is ``(None, None)``; causal ``(None, 0)``; a
+causal window of ``W`` keys ``(W - 1, 0)``. Inputs ``[B, S, H, D]`` bf16 or fp16 (``dtype``)
+with ``D = 128``, GQA by ``H // Hkv``; outputs ``out [B, Sq, H, D]`` in the input dtype and
+``lse [B, H, Sq]`` fp32 (natural log; ``-inf`` and ``out = 0`` on a row with no key).
+Parameters: the array inputs, the scalars, then the array outputs (the order jaxlib's kernel
+call hands buffers in): ``q, k, v, tmap_templates, Sq, Skv, H, Hkv, scale_log2, out, lse, tmap_slots``.
 """
 
 from __future__ import annotations
+
+import hashlib
 
 BM, D = 128, 128
 BN = 128  # default key tile; source(block_n=) takes any multiple of 16 up to 256
@@ -61,7 +66,7 @@ def _wgmma_ss(n: int) -> str:
 __device__ __forceinline__ void wgmma_ss_{n}(float* d, uint64_t a, uint64_t b, int accumulate) {{
   asm volatile(
     "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"
-    "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{outs}}}, "
+    "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.__ELEM__.__ELEM__ {{{outs}}}, "
     "%{regs}, %{regs + 1}, p, 1, 1, 0, 0;\\n}}\\n"
     : {operands}
     : "l"(a), "l"(b), "r"(accumulate));
@@ -77,7 +82,7 @@ def _wgmma_rs(n: int) -> str:
     return f"""
 __device__ __forceinline__ void wgmma_rs_{n}(float* d, const uint32_t* a, uint64_t b) {{
   asm volatile(
-    "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{outs}}}, "
+    "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.__ELEM__.__ELEM__ {{{outs}}}, "
     "{{%{regs}, %{regs + 1}, %{regs + 2}, %{regs + 3}}}, %{regs + 4}, 1, 1, 1, 1;\\n"
     : {operands}
     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
@@ -86,8 +91,16 @@ __device__ __forceinline__ void wgmma_rs_{n}(float* d, const uint32_t* a, uint64
 
 
 _HELPERS = r"""
-#include <cuda_bf16.h>
+#ifdef __CUDACC_RTC__
+typedef unsigned char uint8_t;
+typedef unsigned short uint16_t;
+typedef unsigned int uint32_t;
+typedef unsigned long long uint64_t;
+typedef unsigned long uintptr_t;
+#else
 #include <stdint.h>
+#endif
+#define NEG_INF __int_as_float(0xff800000)
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -172,9 +185,11 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lead, uint
 __device__ __forceinline__ uint32_t swz(int r, int j, int rows) {
   return (uint32_t)((j >> 3) * rows * 128 + r * 128 + (((j & 7) ^ (r & 7)) << 4));
 }
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
+// two fp32 values rounded to the element type (__ELEM__), `lo` in the low half
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  uint32_t v;
+  asm("cvt.rn.__ELEM__x2.f32 %0, %2, %1;" : "=r"(v) : "f"(lo), "f"(hi));
+  return v;
 }
 """
 
@@ -187,10 +202,10 @@ constexpr bool PROXY_FENCE = __PROXY_FENCE__;
 constexpr uint32_t TILE = BN * HD * 2, QBYTES = BM * HD * 2;
 
 extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
-    const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
-    const __nv_bfloat16* __restrict__ v, const uint8_t* __restrict__ tmap_templates,
+    const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
+    const uint16_t* __restrict__ v, const uint8_t* __restrict__ tmap_templates,
     int Sq, int Skv, int H, int Hkv, float scale_log2,
-    __nv_bfloat16* __restrict__ out, float* __restrict__ lse, uint8_t* __restrict__ tmap_slots) {
+    uint16_t* __restrict__ out, float* __restrict__ lse, uint8_t* __restrict__ tmap_slots) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = (uint8_t*)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   const uint32_t s_q = smem_addr(smem);
@@ -230,8 +245,8 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   if (warp >= __CONSUMER_WARPS__) {
     // ---- producer warpgroup: K and V tiles through cp.async, each completing on its mbarrier ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 __PRODUCER_REGS__;" ::: "memory");
-    const __nv_bfloat16* kb = k + ((size_t)b * Skv * Hkv + hkv) * HD;
-    const __nv_bfloat16* vb = v + ((size_t)b * Skv * Hkv + hkv) * HD;
+    const uint16_t* kb = k + ((size_t)b * Skv * Hkv + hkv) * HD;
+    const uint16_t* vb = v + ((size_t)b * Skv * Hkv + hkv) * HD;
     const int pt = tid - __CONSUMER_WARPS__ * 32, j = pt & 15, r_first = pt >> 4;
     if constexpr (FEED == 1) {
       // TMA: one warp publishes this CTA's K and V tensor maps; its lane 0 issues every copy
@@ -256,7 +271,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     } else {
       // every producer thread copies 16 of the tile's rows (one 16-byte chunk each); a tile
       // completes on `full` once all 128 threads' copies land (or, with no feed, on arrival)
-      auto fill = [&](uint32_t dst, const __nv_bfloat16* src, int n0, uint32_t full) {
+      auto fill = [&](uint32_t dst, const uint16_t* src, int n0, uint32_t full) {
         if (FEED == 0) {
 #pragma unroll
           for (int r = r_first; r < BN; r += 8) {
@@ -283,7 +298,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   // ---- consumers: warpgroup wg owns rows m0 + 64 wg .. + 63 ----
   const int wg = warp / 4, wt = tid % 128;
   {
-    const __nv_bfloat16* qb = q + ((size_t)b * Sq * H + h) * HD;
+    const uint16_t* qb = q + ((size_t)b * Sq * H + h) * HD;
     const size_t q_row = (size_t)H * HD;
     for (int c = wt; c < 64 * 16; c += 128) {
       const int r = 64 * wg + c / 16, j = c % 16, m = m0 + r;
@@ -302,7 +317,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   uint32_t p[SN / 2];
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.f;
-  float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.f, 0.f}, corr[2] = {1.f, 1.f};
+  float mx[2] = {NEG_INF, NEG_INF}, sum[2] = {0.f, 0.f}, corr[2] = {1.f, 1.f};
 
   // ping-pong: a warpgroup issues its products only after the other one issued its own
   auto fence_async_smem = [&]() { if (PROXY_FENCE) fence_async_smem_always(); };
@@ -337,10 +352,10 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
         bool ok = col < Skv;
         if (LEFT < __UNBOUNDED__) ok &= col >= row - LEFT;
         if (RIGHT < __UNBOUNDED__) ok &= col <= row + RIGHT;
-        if (!ok) sc[i] = -INFINITY;
+        if (!ok) sc[i] = NEG_INF;
       }
     }
-    float tmax[2] = {-INFINITY, -INFINITY}, base[2];
+    float tmax[2] = {NEG_INF, NEG_INF}, base[2];
 #pragma unroll
     for (int i = 0; i < SN; ++i) tmax[(i / 2) % 2] = fmaxf(tmax[(i / 2) % 2], sc[i]);
 #pragma unroll
@@ -348,8 +363,8 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
       tmax[x] = fmaxf(tmax[x], __shfl_xor_sync(0xffffffff, tmax[x], 1));
       tmax[x] = fmaxf(tmax[x], __shfl_xor_sync(0xffffffff, tmax[x], 2));
       const float m_new = fmaxf(mx[x], tmax[x]);
-      base[x] = m_new == -INFINITY ? 0.f : m_new * scale_log2;
-      corr[x] = m_new == -INFINITY ? 1.f : fast_exp2(mx[x] * scale_log2 - base[x]);
+      base[x] = m_new == NEG_INF ? 0.f : m_new * scale_log2;
+      corr[x] = m_new == NEG_INF ? 1.f : fast_exp2(mx[x] * scale_log2 - base[x]);
       mx[x] = m_new;
       sum[x] *= corr[x];
     }
@@ -361,15 +376,17 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   };
   auto to_p = [&]() {
 #pragma unroll
-    for (int i = 0; i < SN; i += 2) p[i / 2] = pack_bf16(sc[i], sc[i + 1]);
+    for (int i = 0; i < SN; i += 2) p[i / 2] = pack2(sc[i], sc[i + 1]);
   };
   auto rescale_o = [&]() {
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] *= corr[(i / 2) % 2];
   };
 
-  if (PINGPONG && wg == 1) asm volatile("bar.arrive %0, 256;" :: "r"(3) : "memory");
-  if (OVERLAP) {
+  // a row block that sees no key skips the walk (uniform over the CTA: no barrier is left waiting)
+  if (n_tiles > 0 && PINGPONG && wg == 1) asm volatile("bar.arrive %0, 256;" :: "r"(3) : "memory");
+  if (n_tiles == 0) {
+  } else if (OVERLAP) {
     // products of tile t issued with P V of tile t - 1; softmax of t runs under P V of t - 1
     mbar_wait(full_k(0), 0);
     fence_async_smem();
@@ -457,15 +474,15 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     const int row = rows[x];
     if (row >= Sq) continue;
     const float inv = sum[x] > 0.f ? 1.f / sum[x] : 0.f;
-    __nv_bfloat16* orow = out + (((size_t)b * Sq + row) * H + h) * HD;
+    uint16_t* orow = out + (((size_t)b * Sq + row) * H + h) * HD;
 #pragma unroll
     for (int i = 2 * x; i < 64; i += 4) {
       const int col = (i / 4) * 8 + 2 * (lane % 4);
-      *reinterpret_cast<uint32_t*>(orow + col) = pack_bf16(o[i] * inv, o[i + 1] * inv);
+      *reinterpret_cast<uint32_t*>(orow + col) = pack2(o[i] * inv, o[i + 1] * inv);
     }
     if (lane % 4 == 0)
       lse[((size_t)b * H + h) * Sq + row] =
-          sum[x] > 0.f ? mx[x] * scale_log2 * ln2 + logf(sum[x]) : -INFINITY;
+          sum[x] > 0.f ? mx[x] * scale_log2 * ln2 + logf(sum[x]) : NEG_INF;
   }
   }
 }
@@ -476,9 +493,12 @@ def bound(x: int | None) -> int:
     return _UNBOUNDED if x is None else int(x)
 
 
+ELEMENTS = {"bfloat16": "bf16", "float16": "f16"}  # input dtype -> PTX element type
+
+
 def source(left: int | None, right: int | None, *, stages: int = 2, overlap: bool = True,
            pingpong: bool = True, feed: str = "tma", proxy_fence: bool | None = None,
-           block_n: int = BN) -> str:
+           block_n: int = BN, dtype: str = "bfloat16") -> str:
     """The kernel's CUDA C++ for the mask ``i - left <= j <= i + right`` (``None``: unbounded).
 
     ``feed``: how K/V reach shared memory: ``"tma"`` (tensor maps: ``tmap_templates`` holds K's and
@@ -496,9 +516,11 @@ def source(left: int | None, right: int | None, *, stages: int = 2, overlap: boo
         raise ValueError(f"block_n must be a multiple of 16 in [16, 256], got {block_n}")
     if stages < 1:
         raise ValueError(f"stages must be >= 1, got {stages}")
+    if dtype not in ELEMENTS:
+        raise ValueError(f"dtype must be one of {sorted(ELEMENTS)}, got {dtype!r}")
     for name, x in (("left", left), ("right", right)):
-        if x is not None and x < 0:
-            raise ValueError(f"{name} must be >= 0 or None, got {x}")
+        if x is not None and (isinstance(x, bool) or not isinstance(x, int) or abs(x) >= _UNBOUNDED):
+            raise ValueError(f"{name} must be an int of magnitude < 2**30 or None, got {x!r}")
     subs = {
         "__BM__": BM, "__BN__": block_n, "__D__": D, "__STAGES__": stages, "__LEFT__": bound(left),
         "__RIGHT__": bound(right), "__THREADS__": THREADS, "__NAME__": KERNEL_NAME,
@@ -507,9 +529,20 @@ def source(left: int | None, right: int | None, *, stages: int = 2, overlap: boo
         "__PINGPONG__": str(pingpong).lower(), "__PRODUCER_WARPS__": PRODUCER_WARPS,
         "__FEED__": FEEDS[feed], "__PROXY_FENCE__": str(feed == "cp.async" if proxy_fence is None
                                                         else proxy_fence).lower(),
-        "__PRODUCER_REGS__": PRODUCER_REGS, "__CONSUMER_REGS__": CONSUMER_REGS,
+        "__PRODUCER_REGS__": PRODUCER_REGS, "__CONSUMER_REGS__": CONSUMER_REGS, "__ELEM__": ELEMENTS[dtype],
     }
-    body = _KERNEL
+    text = _HELPERS + _wgmma_ss(block_n) + _wgmma_rs(D) + _KERNEL
     for key, val in subs.items():
-        body = body.replace(key, str(val))
-    return _HELPERS + _wgmma_ss(block_n) + _wgmma_rs(D) + body
+        text = text.replace(key, str(val))
+    return text
+
+
+def with_unique_name(text: str) -> tuple[str, str]:
+    """``(name, text)``: the kernel renamed ``splat_fwd_<digest of the source>``.
+
+    jaxlib keeps the modules it loaded keyed by kernel name, shared memory and PTX; a kernel
+    handed over as a cubin has no PTX, so two variants of one name and shared-memory size would
+    share the first one loaded. A name derived from the source tells every variant apart.
+    """
+    name = f"splat_fwd_{hashlib.sha256(text.encode()).hexdigest()[:20]}"
+    return name, text.replace(KERNEL_NAME, name)

@@ -1,0 +1,13 @@
+"""The CUDA C++ target: attention kernels generated as CUDA C++ for Hopper (sm_90a).
+
+* :mod:`~jax_bindings._cuda.source`: the generator (a diagonal band baked in; ``wgmma``, TMA,
+  a producer warpgroup and two ping-ponged consumer warpgroups);
+* :mod:`~jax_bindings._cuda.compiler`: NVRTC or nvcc -> cubin, kept on disk;
+* :mod:`~jax_bindings._cuda.tensor_map`: the TMA descriptors' host-side templates;
+* :mod:`~jax_bindings._cuda.launch`: the JAX primitive that launches a cubin through jaxlib's
+  kernel call;
+* :mod:`~jax_bindings._cuda.backend`: the backend contract (imports only where a Hopper GPU,
+  a compiler and the driver's tensor maps are present).
+
+Only the backend module needs a GPU; the generator and the compiler run anywhere.
+"""

@@ -1,0 +1,102 @@
+"""The CUDA backend: generated CUDA C++ forward kernels for Hopper, launched from JAX.
+
+Implements the backend contract of :mod:`jax_bindings._dispatch` for the fused forward on the
+masks that are one diagonal band (:func:`acsr.band`: dense, causal -- top-left or bottom-right
+aligned --, causal windows, sliding windows, bands off the diagonal), head dim 128, bfloat16
+or float16, on a GPU of compute capability 9.0 (H100, H200). Everything else is refused with
+``NotImplementedError`` naming why, so ``backend="auto"`` moves on (to the Triton backend):
+other masks, head dims and dtypes, runtime masks, soft-capping, the backward and the unfused
+ops (the backward of a forward run here goes to the next backend: ``out`` and ``lse`` mean the
+same from every backend).
+
+Per call, at trace time: the band and the shapes pick a :class:`~jax_bindings._cuda.plan.FwdVariant`
+(:mod:`jax_bindings._cuda.plan`); its source
+(:func:`jax_bindings._cuda.source.source`) is compiled once (disk cache:
+:mod:`jax_bindings._cuda.compiler`) and launched through :mod:`jax_bindings._cuda.launch`
+with the K/V tensor-map templates (:mod:`jax_bindings._cuda.tensor_map`) as a constant input.
+
+Importing this module raises ImportError where it cannot run: no CUDA jaxlib kernel call, no
+GPU of compute capability 9.0, no CUDA compiler, no driver tensor maps.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from acsr import ACSR
+from jax_bindings._cuda import compiler, launch, plan, source, tensor_map
+
+
+def _why_not_here() -> str | None:
+    try:
+        from jax._src.lib import gpu_triton as tk
+
+        tk.TritonKernel  # noqa: B018 -- only a CUDA jaxlib has the kernel call
+    except (ImportError, AttributeError) as e:
+        return f"jaxlib has no CUDA kernel call ({type(e).__name__}: {e})"
+    try:
+        devices = jax.devices("gpu")
+    except RuntimeError as e:
+        return f"no GPU ({e})"
+    cc = getattr(devices[0], "compute_capability", None)
+    if cc != "9.0":
+        return f"the kernels are built for sm_90a (H100, H200); this GPU's compute capability is {cc}"
+    c = compiler.compiler()
+    if isinstance(c, str):
+        return c
+    return tensor_map.available()
+
+
+_WHY = _why_not_here()
+if _WHY is not None:
+    raise ImportError(f"the cuda backend cannot run here: {_WHY}")
+
+LOG2E = math.log2(math.e)
+
+def _refuse_extras(runtime, soft_cap) -> None:
+    if runtime is not None:
+        raise NotImplementedError("the cuda kernels take no runtime mask (segment ids, lengths, offsets)")
+    if soft_cap is not None:
+        raise NotImplementedError("the cuda kernels take no logits soft-cap")
+
+
+def attention_fwd(q, k, v, runtime, layout: ACSR, scale: float, soft_cap=None):
+    """``(out [B, Sq, H, D], lse [B, H, Sq] float32)`` from the generated forward kernel."""
+    _refuse_extras(runtime, soft_cap)
+    B, Sq, H, D = q.shape
+    variant = plan.fwd_variant(layout, D, jnp.dtype(q.dtype).name)
+    ctas = plan.grid(q.shape)
+    n_ctas = ctas[0] * ctas[1] * ctas[2]
+    if n_ctas * plan.SLOT_BYTES >= 2**31:
+        raise NotImplementedError(f"the cuda forward takes fewer than 2**23 CTAs, got grid {ctas}")
+    name, image = plan.compiled(variant)
+    spec = launch.Launch(
+        name=name,
+        image=image,
+        grid=ctas,
+        threads=source.THREADS,
+        smem=variant.smem,
+        scalars=(("i32", Sq), ("i32", k.shape[1]), ("i32", H), ("i32", k.shape[2]),
+                 ("fp32", float(scale) * LOG2E)),
+        outs=(((B, Sq, H, D), jnp.dtype(q.dtype).name), ((B, H, Sq), "float32"),
+              ((n_ctas * plan.SLOT_BYTES,), "uint8")),
+        cc=90,
+    )
+    maps = jnp.asarray(np.frombuffer(plan.tensor_maps(variant, k.shape, v.shape), dtype=np.uint8))
+    out, lse, _slots = launch.run(spec, q, k.astype(q.dtype), v.astype(q.dtype), maps)
+    return out, lse
+
+
+def attention_bwd(q, k, v, runtime, out, lse, dout, layout: ACSR, scale: float, soft_cap=None):
+    raise NotImplementedError("the cuda backend has no backward kernels yet")
+
+
+def _unfused(*args, **kwargs):
+    raise NotImplementedError("the cuda backend runs the fused attention only")
+
+
+sddmm = sddmm_bwd = softmax = softmax_bwd = spmm = spmm_bwd = _unfused
