@@ -235,7 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--top", type=_positive_int, default=2, help="configs timed per case, best predicted first"
     )
     t.add_argument("--exhaustive", action="store_true", help="time every candidate (to judge the pruning)")
-    t.add_argument("--no-backends", action="store_true", help="skip timing triton against cudnn per pattern")
+    t.add_argument("--no-backends", action="store_true", help="skip timing the backends against each other")
+    t.add_argument("--no-tiles", action="store_true", help="time the backends only (no tile configs)")
     t.add_argument("--repeats", type=_positive_int, default=5)
     t.add_argument(
         "--out", metavar="JSON", default=None, help="the store file to write (merged if it exists)"
@@ -319,7 +320,7 @@ def _cmd_tune(args) -> int:
     cfg = tune.TuneConfig(
         patterns=tune.parse_list(args.patterns, tune.DEFAULT_PATTERNS),
         lengths=tuple(args.lengths or (8192, 16384)),
-        ops=tune.parse_list(args.ops, tune.OPS),
+        ops=() if args.no_tiles else tune.parse_list(args.ops, tune.OPS),
         batch=args.batch,
         heads=args.heads,
         head_dim=args.head_dim,

@@ -6,7 +6,9 @@ JAX programs of chained kernel calls, and keeps the fastest. ``--exhaustive`` ti
 instead, and the result then also records how the pruned choice compares: the tuner's time against
 the sweep's, the pruned best's speed against the exhaustive best, and the model's rank error.
 ``--backends`` adds, per pattern and S, the forward and forward+backward time of each backend that
-takes the mask (``triton``, ``cudnn``): the store's ``implementations`` that ``backend="auto"`` reads.
+takes the mask (``cuda``, ``triton``, ``cudnn``; a backend's forward+backward is timed as auto runs it
+after that forward, e.g. the cuda forward with the triton backward): the store's
+``implementations`` that ``backend="auto"`` reads. ``--no-tiles`` times the backends only.
 
 The store file (one per device kind, schema in ``jax_bindings/tuning/README.md``) is written to
 ``--out``, by default the package's own file for this device; entries for keys measured again are
@@ -197,22 +199,23 @@ def time_backends(layout, cfg: TuneConfig, key, log=print) -> dict:
     import jax.numpy as jnp
 
     import jax_bindings
-    from jax_bindings import _registry
+    from jax_bindings import _dispatch, _registry
 
     B, H, D, dt = cfg.batch, cfg.heads, cfg.head_dim, jnp.dtype(cfg.dtype)
     ks = jax.random.split(key, 4)
     q, k, v, do = (jax.random.normal(x, (B, layout.q_len, H, D), dt) for x in ks)
     scale = D**-0.5
     out = {"fwd": {}, "fwd_bwd": {}}
-    for name in ("triton", "cudnn"):
+    for name in (n for n in _registry.names() if n != _registry.FALLBACK):
         if _registry.unavailable(name):
             continue
 
         def fwd(q, k, v, name=name):
             return jax_bindings.attention(q, k, v, layout, scale, name)
 
-        def fwd_bwd(q, k, v, do, name=name):
-            o, pull = jax.vjp(fwd, q, k, v)
+        def fwd_bwd(q, k, v, do, name=name):  # the backward where auto would run it after this forward
+            led = lambda q, k, v: _dispatch.attention_led_by(name, q, k, v, layout, scale)  # noqa: E731
+            o, pull = jax.vjp(led, q, k, v)
             return pull(do)
 
         for mode, fn, args, feed in (
