@@ -67,7 +67,7 @@ def _args(argv=None) -> argparse.Namespace:
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--small-seq", type=int, default=1024, help="S of the from_array check (<= --seq)")
-    p.add_argument("--backend", default="auto", choices=("auto", "jax", "triton"))
+    p.add_argument("--backend", default="auto", choices=("auto", "jax", "triton"))  # cuda: no backward
     p.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated subset of {RUNS}")
     p.add_argument("--cache-dir", help="use (and keep) this folder instead of a fresh temporary one")
     p.add_argument("--timeout", type=float, default=580.0, help="seconds per child process")
@@ -107,9 +107,11 @@ class _Clock:
             self.counts["jax_cache_misses"] += 1
 
     def snapshot(self) -> dict:
+        from jax_bindings._cuda import compiler as _cuda_compiler
         from jax_bindings._triton import cache as _cache
 
-        return {**self.totals, **self.counts, **_cache.stats()}
+        cuda = {f"cuda_{k}": v for k, v in _cuda_compiler.stats().items()}
+        return {**self.totals, **self.counts, **_cache.stats(), **cuda}
 
     @staticmethod
     def delta(after: dict, before: dict) -> dict:

@@ -20,6 +20,13 @@
 #                -> $OUT/bench-runtime.json and .png
 #   neighborhood splat bench on the GRID patterns (2-D / 3-D neighborhoods) vs FlexAttention and dense cuDNN
 #                -> $OUT/bench-neighborhood.json and .png (+ grid pictures)
+#   cuda         the cuda backend's tests alone (compile checks + gpu suite), log in $OUT/gpu_cuda.log
+#   sanitize-cuda  every cuda-backend variant of its gpu tests under compute-sanitizer memcheck
+#                (benchmarks/sanitize_cuda.py: CuPy launches, no XLA), log in $OUT/sanitizer-cuda.log
+#   cudabench:L1,L2  splat bench --backend cuda --mode fwd on the one-band masks vs splat's Triton, cuDNN,
+#                FA3, FlexAttention ($CUDA_PEERS overrides) -> $OUT/bench-cuda-L1-L2.json and .png
+#   coldstart    benchmarks/compile_time.py on sliding_window(256, 256) (auto: cuda forward, triton
+#                backward) -> $OUT/compile_time_cuda.json
 # Usage there (after the wheel install prefix): bash benchmarks/gpu_session.sh tests sanitize
 set -u
 OUT=${OUT:-/tmp/splat-out}
@@ -97,6 +104,26 @@ for l in sys.stdin:
         --patterns ${AUTO_PATTERNS:-causal_window} \
         --out "$OUT/bench-auto.json" >"$OUT/bench-auto.log" 2>&1
       echo "auto bench rc=$?"; tail -30 "$OUT/bench-auto.log" ;;
+    cuda)
+      timeout 300 python3 -m pytest -q tests/test_cuda_source.py tests/test_cuda_gpu.py -p no:cacheprovider -rs \
+        >"$OUT/gpu_cuda.log" 2>&1
+      echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|Error" "$OUT/gpu_cuda.log" | head -20; tail -3 "$OUT/gpu_cuda.log" ;;
+    sanitize-cuda)
+      timeout 420 compute-sanitizer --tool memcheck --error-exitcode 9 python3 benchmarks/sanitize_cuda.py \
+        >"$OUT/sanitizer-cuda.log" 2>&1
+      echo "sanitizer rc=$?"; grep -E "ERROR SUMMARY|launches|Invalid|Error" "$OUT/sanitizer-cuda.log" | tail -6 ;;
+    cudabench:*)
+      lengths=${stage#cudabench:}
+      tag=${lengths//,/-}
+      timeout 420 python3 -m splat bench --backend cuda --lengths ${lengths//,/ } --heads 16 --head-dim 128 \
+        --dtype bfloat16 --mode fwd --repeats 5 --peers ${CUDA_PEERS:-splat splat_triton cudnn flash_attn3 flex} \
+        --patterns full causal causal_window sliding_window \
+        --out "$OUT/bench-cuda-$tag.json" --plot "$OUT/bench-cuda-$tag.png" >"$OUT/bench-cuda-$tag.log" 2>&1
+      echo "cuda bench rc=$?"; tail -40 "$OUT/bench-cuda-$tag.log" ;;
+    coldstart)
+      timeout 300 python3 benchmarks/compile_time.py --pattern "sliding_window(256, 256)" \
+        --out "$OUT/compile_time_cuda.json" >"$OUT/compile_time_cuda.log" 2>&1
+      echo "coldstart rc=$?"; tail -25 "$OUT/compile_time_cuda.log" ;;
     spike)
       timeout 300 python3 benchmarks/spike_hopper_fwd.py --quick --budget-s 120 --out "$OUT/spike.json" \
         >"$OUT/spike.log" 2>&1

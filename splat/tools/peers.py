@@ -276,6 +276,13 @@ def _prep_splat(problem: Problem) -> Prepared:
     )
 
 
+def _prep_splat_triton(problem: Problem) -> Prepared:
+    """splat's Triton kernels named explicitly: beside ``splat`` on another backend, in the same run."""
+    if problem.backend == "triton":
+        raise PeerUnavailable("splat itself runs on the triton backend here (see the splat row)")
+    return _prep_splat(replace(problem, backend="triton"))
+
+
 def _prep_splat_unfused(problem: Problem) -> Prepared:
     import splat
 
@@ -551,6 +558,7 @@ PEERS: dict[str, Peer] = {
     p.name: p
     for p in (
         Peer("splat", "splat.attention", _prep_splat),
+        Peer("splat_triton", "splat.attention(backend='triton'): splat's Triton kernels", _prep_splat_triton),
         Peer("splat_unfused", "splat sddmm -> softmax -> spmm", _prep_splat_unfused),
         Peer("dense_xla", "dense masked attention, jnp einsum + where + softmax", _prep_dense_xla),
         Peer("cudnn", "jax.nn.dot_product_attention(implementation='cudnn')", _prep_cudnn, gpu_only=True),

@@ -1,0 +1,94 @@
+"""Every CUDA-backend kernel variant the gpu tests build, launched once for compute-sanitizer.
+
+The variants and shapes of ``tests/test_cuda_gpu.py`` (``tests/cuda_cases.py``: dense, causal
+top-left and bottom-right, windows, bands off the diagonal with fully masked rows; GQA; lengths
+that are not tile multiples), in bfloat16 and float16, each compiled as the backend compiles it
+(``jax_bindings._cuda.plan``) and launched with CuPy (JAX is not imported), so no XLA kernel runs
+under the sanitizer. Each output is checked against a float32 NumPy reference, and so is every
+row's ``lse``; fully masked rows must give 0 and ``-inf``.
+
+    compute-sanitizer --tool memcheck --error-exitcode 9 python3 benchmarks/sanitize_cuda.py
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import tempfile
+
+import cupy as cp
+import ml_dtypes
+import numpy as np
+
+sys.path.insert(0, "tests")
+from cuda_cases import CASES, band_layout  # noqa: E402
+
+from jax_bindings._cuda import plan, source  # noqa: E402
+
+NP = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+
+
+def reference(q, k, v, mask, scale):
+    """Float32 ``(out [B, Sq, H, D], lse [B, H, Sq])``; empty rows 0 and -inf."""
+    g = q.shape[2] // k.shape[2]
+    kf, vf = (np.repeat(x.astype(np.float32), g, axis=2) for x in (k, v))
+    s = np.einsum("bqhd,bkhd->bhqk", q.astype(np.float32), kf) * scale
+    s = np.where(mask, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    e = np.exp(s - np.where(np.isfinite(m), m, 0))
+    tot = e.sum(-1, keepdims=True)
+    p = e / np.where(tot > 0, tot, 1)
+    lse = np.where(tot[..., 0] > 0, np.log(np.where(tot[..., 0] > 0, tot[..., 0], 1)) + m[..., 0], -np.inf)
+    return np.einsum("bhqk,bkhd->bqhd", p, vf), lse
+
+
+def launch(variant, q, k, v, scale):
+    name, image = plan.compiled(variant)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(image)
+        f.flush()
+        fn = cp.RawModule(path=f.name).get_function(name)
+    B, Sq, H, D = q.shape
+    grid = plan.grid(q.shape)
+    tmpl = plan.tensor_maps(variant, k.shape, v.shape)
+    dq, dk, dv = (cp.asarray(x) for x in (q, k, v))
+    maps = cp.asarray(np.frombuffer(tmpl, np.uint8))
+    out = cp.full(q.shape, np.nan, dtype=q.dtype)
+    lse = cp.full((B, H, Sq), np.nan, dtype=np.float32)
+    slots = cp.zeros(grid[0] * grid[1] * grid[2] * plan.SLOT_BYTES, dtype=np.uint8)
+    fn.max_dynamic_shared_size_bytes = variant.smem
+    args = (dq, dk, dv, maps, np.int32(Sq), np.int32(k.shape[1]), np.int32(H), np.int32(k.shape[2]),
+            np.float32(scale * math.log2(math.e)), out, lse, slots)
+    fn(grid, (source.THREADS,), args, shared_mem=variant.smem)
+    cp.cuda.runtime.deviceSynchronize()
+    return cp.asnumpy(out), cp.asnumpy(lse)
+
+
+def main() -> int:
+    launched = 0
+    for dtype in NP:
+        for name, sq, skv, left, right, h, hk in CASES:
+            layout = band_layout(sq, skv, left, right)
+            variant = plan.fwd_variant(layout, 128, dtype)
+            rng = np.random.default_rng(sq + skv)
+            q = rng.standard_normal((2, sq, h, 128)).astype(NP[dtype])
+            k, v = (rng.standard_normal((2, skv, hk, 128)).astype(NP[dtype]) for _ in range(2))
+            scale = 128**-0.5
+            out, lse = launch(variant, q, k, v, scale)
+            launched += 1
+            mask = layout.to_dense()
+            ref_out, ref_lse = reference(q, k, v, mask, scale)
+            empty = ~mask.any(1)
+            err = np.abs(out.astype(np.float32) - ref_out).max()
+            assert np.isfinite(out.astype(np.float32)).all(), f"{name} {dtype}: non-finite out"
+            assert err < 3e-2, f"{name} {dtype}: out differs from the reference by {err:.3g}"
+            assert np.all(out[:, empty] == 0) and np.all(np.isneginf(lse[:, :, empty])), f"{name}: empty rows"
+            lerr = np.abs(lse[:, :, ~empty] - ref_lse[:, :, ~empty]).max()
+            assert lerr < 2e-2, f"{name} {dtype}: lse differs by {lerr:.3g}"
+            print(f"{name:22s} {dtype:9s} ok (out {err:.1e}, lse {lerr:.1e})")
+    print(f"{launched} launches of {launched} cuda kernel variants")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
