@@ -2,16 +2,18 @@
 
 The variants and shapes of ``tests/test_cuda_gpu.py`` (``tests/cuda_cases.py``: dense, causal
 top-left and bottom-right, windows, bands off the diagonal with fully masked rows; GQA; lengths
-that are not tile multiples), in bfloat16 and float16, each compiled as the backend compiles it
-(``jax_bindings._cuda.plan``) and launched with CuPy (JAX is not imported), so no XLA kernel runs
-under the sanitizer. Each output is checked against a float32 NumPy reference, and so is every
-row's ``lse``; fully masked rows must give 0 and ``-inf``.
+that are not tile multiples), in bfloat16 and float16, persistent and not, each compiled as the
+backend compiles it (``jax_bindings._cuda.plan``) and launched with CuPy (JAX is not imported),
+so no XLA kernel runs under the sanitizer. Each output is checked against a float32 NumPy
+reference, and so is every row's ``lse``; fully masked rows must give 0 and ``-inf``.
 
     compute-sanitizer --tool memcheck --error-exitcode 9 python3 benchmarks/sanitize_cuda.py
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
 import sys
 import tempfile
@@ -49,8 +51,8 @@ def launch(variant, q, k, v, scale):
         f.flush()
         fn = cp.RawModule(path=f.name).get_function(name)
     B, Sq, H, D = q.shape
-    grid = plan.grid(q.shape)
-    tmpl = plan.tensor_maps(variant, k.shape, v.shape)
+    grid = plan.grid(variant, q.shape, cp.cuda.Device().attributes["MultiProcessorCount"])
+    tmpl = plan.tensor_maps(variant, q.shape, k.shape, v.shape)
     dq, dk, dv = (cp.asarray(x) for x in (q, k, v))
     maps = cp.asarray(np.frombuffer(tmpl, np.uint8))
     out = cp.full(q.shape, np.nan, dtype=q.dtype)
@@ -58,7 +60,7 @@ def launch(variant, q, k, v, scale):
     slots = cp.zeros(grid[0] * grid[1] * grid[2] * plan.SLOT_BYTES, dtype=np.uint8)
     fn.max_dynamic_shared_size_bytes = variant.smem
     args = (dq, dk, dv, maps, np.int32(Sq), np.int32(k.shape[1]), np.int32(H), np.int32(k.shape[2]),
-            np.float32(scale * math.log2(math.e)), out, lse, slots)
+            np.int32(B), np.float32(scale * math.log2(math.e)), out, lse, slots)
     fn(grid, (source.THREADS,), args, shared_mem=variant.smem)
     cp.cuda.runtime.deviceSynchronize()
     return cp.asnumpy(out), cp.asnumpy(lse)
@@ -66,10 +68,10 @@ def launch(variant, q, k, v, scale):
 
 def main() -> int:
     launched = 0
-    for dtype in NP:
+    for dtype, persistent in itertools.product(NP, (False, True)):
         for name, sq, skv, left, right, h, hk in CASES:
             layout = band_layout(sq, skv, left, right)
-            variant = plan.fwd_variant(layout, 128, dtype)
+            variant = dataclasses.replace(plan.fwd_variant(layout, 128, dtype), persistent=persistent)
             rng = np.random.default_rng(sq + skv)
             q = rng.standard_normal((2, sq, h, 128)).astype(NP[dtype])
             k, v = (rng.standard_normal((2, skv, hk, 128)).astype(NP[dtype]) for _ in range(2))
@@ -85,7 +87,8 @@ def main() -> int:
             assert np.all(out[:, empty] == 0) and np.all(np.isneginf(lse[:, :, empty])), f"{name}: empty rows"
             lerr = np.abs(lse[:, :, ~empty] - ref_lse[:, :, ~empty]).max()
             assert lerr < 2e-2, f"{name} {dtype}: lse differs by {lerr:.3g}"
-            print(f"{name:22s} {dtype:9s} ok (out {err:.1e}, lse {lerr:.1e})")
+            kind = "persistent" if persistent else "grid"
+            print(f"{name:22s} {dtype:9s} {kind:10s} ok (out {err:.1e}, lse {lerr:.1e})")
     print(f"{launched} launches of {launched} cuda kernel variants")
     return 0
 

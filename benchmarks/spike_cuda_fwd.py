@@ -38,6 +38,7 @@ sys.path.insert(0, HERE)
 import spike_hopper_fwd as sh  # noqa: E402
 
 from jax_bindings._cuda import source as cfs  # noqa: E402
+from jax_bindings._cuda import tensor_map  # noqa: E402
 
 LOG2E = sh.LOG2E
 SCHEMA = "splat-spike-cuda-fwd/1"
@@ -94,7 +95,7 @@ def jax_kernel(cubin: str, ptx: str, stages: int, block_n: int):
         B, Sq, H, _ = q.shape
         gx, gy, gz = grid(q)
         return (jax.core.ShapedArray(q.shape, q.dtype), jax.core.ShapedArray((B, H, Sq), jnp.float32),
-                jax.core.ShapedArray((gx * gy * gz * 256,), jnp.uint8))
+                jax.core.ShapedArray((gx * gy * gz * cfs.SLOT_BYTES,), jnp.uint8))
 
     def lowering(ctx, q, k, v, templates, *, scale):
         qa, ka = ctx.avals_in[0], ctx.avals_in[1]
@@ -102,7 +103,7 @@ def jax_kernel(cubin: str, ptx: str, stages: int, block_n: int):
         Skv, Hkv = ka.shape[1], ka.shape[2]
         kernel = tk.TritonKernel(cfs.KERNEL_NAME, cfs.THREADS // 32, 1, smem, text, "", 90)
         arr = tk.create_array_parameter(0, 16)
-        scalars = [tk.create_scalar_parameter(x, "i32") for x in (Sq, Skv, H, Hkv)]
+        scalars = [tk.create_scalar_parameter(x, "i32") for x in (Sq, Skv, H, Hkv, B)]
         scalars.append(tk.create_scalar_parameter(float(scale * LOG2E), "fp32"))
         call = tk.TritonKernelCall(kernel, *grid(qa), [arr] * 4 + scalars + [arr] * 3)
         proto = _kernel_proto.with_module_image(call.to_proto("splat_cuda_fwd", b""), lambda _p, _c: image)
@@ -113,34 +114,16 @@ def jax_kernel(cubin: str, ptx: str, stages: int, block_n: int):
     mlir.register_lowering(prim, lowering, platform="cuda")
 
     def attention(q, k, v, scale):
-        tmpl = tensor_map_template(tuple(k.shape), block_n) + tensor_map_template(tuple(v.shape), block_n)
-        templates = jnp.asarray(np.frombuffer(tmpl, dtype=np.uint8))
-        return prim.bind(q, k, v, templates, scale=scale)
+        maps = jnp.asarray(np.frombuffer(templates(q.shape, k.shape, v.shape, block_n), dtype=np.uint8))
+        return prim.bind(q, k, v, maps, scale=scale)
 
     return attention
 
 
-def tensor_map_template(shape, box_rows: int) -> bytes:
-    """The 128-byte tensor map of a bf16 ``[B, S, H, D]`` array (``D = 128``, contiguous), boxes of
-    64 head-dim columns x one head x ``box_rows`` rows x one batch, 128-byte swizzled, zero fill
-    out of bounds; encoded for a dummy base address that the kernel replaces."""
-    from cuda.bindings import driver
-
-    B, S, H, D = shape
-    dims = [driver.cuuint64_t(x) for x in (D, H, S, B)]
-    strides = [driver.cuuint64_t(x) for x in (D * 2, H * D * 2, S * H * D * 2)]
-    box = [driver.cuuint32_t(x) for x in (64, 1, box_rows, 1)]
-    ones = [driver.cuuint32_t(1)] * 4
-    err, tmap = driver.cuTensorMapEncodeTiled(
-        driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, 1024, dims, strides, box, ones,
-        driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
-        driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-    )
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuTensorMapEncodeTiled: {err}")
-    return np.asarray(tmap.opaque, dtype=np.uint64).tobytes()
+def templates(q_shape, k_shape, v_shape, block_n: int) -> bytes:
+    """The K, V and Q tensor-map templates the kernel takes (``jax_bindings._cuda.tensor_map``)."""
+    t = tensor_map.bshd_template
+    return t(tuple(k_shape), block_n) + t(tuple(v_shape), block_n) + t(tuple(q_shape), cfs.BM)
 
 
 class Kernel:
@@ -156,13 +139,13 @@ class Kernel:
         self.fn.max_dynamic_shared_size_bytes = self.smem
         self.maps: dict = {}
 
-    def _maps(self, k, v, ctas: int, torch):
-        key = (tuple(k.shape), tuple(v.shape), ctas)
+    def _maps(self, q, k, v, ctas: int, torch):
+        key = (tuple(q.shape), tuple(k.shape), tuple(v.shape), ctas)
         if key not in self.maps:
             bn = self.block_n
-            tmpl = tensor_map_template(tuple(k.shape), bn) + tensor_map_template(tuple(v.shape), bn)
+            tmpl = templates(q.shape, k.shape, v.shape, bn)
             t = torch.frombuffer(bytearray(tmpl), dtype=torch.uint8).cuda()
-            self.maps[key] = (t, torch.zeros(ctas * 256, dtype=torch.uint8, device="cuda"))
+            self.maps[key] = (t, torch.zeros(ctas * cfs.SLOT_BYTES, dtype=torch.uint8, device="cuda"))
         return self.maps[key]
 
     def __call__(self, q, k, v, o, lse, scale: float, torch):
@@ -170,9 +153,10 @@ class Kernel:
         Skv, Hkv = k.shape[1], k.shape[2]
         stream = self.cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
         grid = ((Sq + cfs.BM - 1) // cfs.BM, H, B)
-        templates, slots = self._maps(k, v, grid[0] * grid[1] * grid[2], torch)
+        templates, slots = self._maps(q, k, v, grid[0] * grid[1] * grid[2], torch)
         args = tuple(np.uint64(t.data_ptr()) for t in (q, k, v, templates))
-        args += (np.int32(Sq), np.int32(Skv), np.int32(H), np.int32(Hkv), np.float32(scale * LOG2E))
+        args += (np.int32(Sq), np.int32(Skv), np.int32(H), np.int32(Hkv), np.int32(B),
+                 np.float32(scale * LOG2E))
         args += tuple(np.uint64(t.data_ptr()) for t in (o, lse, slots))
         self.fn(grid, (cfs.THREADS,), args, shared_mem=self.smem, stream=stream)
 

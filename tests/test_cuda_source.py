@@ -26,6 +26,7 @@ from jax_bindings._cuda import source as gen
         (dict(block_n=272), "block_n"),
         (dict(stages=0), "stages"),
         (dict(dtype="float32"), "dtype"),
+        (dict(persistent=True, feed="cp.async"), "persistent"),
     ],
 )
 def test_bad_arguments_are_named(kwargs, name):
@@ -77,6 +78,8 @@ VARIANTS = [  # (left, right, source kwargs): the backend's variants, then the s
     (1023, 0, {}),
     (256, 256, dict(dtype="float16")),
     (-7, 40, {}),
+    (1023, 0, dict(persistent=True)),
+    (None, None, dict(block_n=176, persistent=True, dtype="float16")),
     (255, 0, dict(overlap=False, pingpong=False)),
     (255, 0, dict(feed="cp.async")),
     (255, 0, dict(feed="none")),

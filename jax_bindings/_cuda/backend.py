@@ -57,6 +57,11 @@ if _WHY is not None:
 
 LOG2E = math.log2(math.e)
 
+def _sm_count() -> int:
+    """Streaming multiprocessors of the default GPU (the persistent grid's size)."""
+    return int(getattr(jax.devices("gpu")[0], "core_count", 132))
+
+
 def _refuse_extras(runtime, soft_cap) -> None:
     if runtime is not None:
         raise NotImplementedError("the cuda kernels take no runtime mask (segment ids, lengths, offsets)")
@@ -69,7 +74,7 @@ def attention_fwd(q, k, v, runtime, layout: ACSR, scale: float, soft_cap=None):
     _refuse_extras(runtime, soft_cap)
     B, Sq, H, D = q.shape
     variant = plan.fwd_variant(layout, D, jnp.dtype(q.dtype).name)
-    ctas = plan.grid(q.shape)
+    ctas = plan.grid(variant, q.shape, _sm_count())
     n_ctas = ctas[0] * ctas[1] * ctas[2]
     if n_ctas * plan.SLOT_BYTES >= 2**31:
         raise NotImplementedError(f"the cuda forward takes fewer than 2**23 CTAs, got grid {ctas}")
@@ -80,13 +85,13 @@ def attention_fwd(q, k, v, runtime, layout: ACSR, scale: float, soft_cap=None):
         grid=ctas,
         threads=source.THREADS,
         smem=variant.smem,
-        scalars=(("i32", Sq), ("i32", k.shape[1]), ("i32", H), ("i32", k.shape[2]),
+        scalars=(("i32", Sq), ("i32", k.shape[1]), ("i32", H), ("i32", k.shape[2]), ("i32", B),
                  ("fp32", float(scale) * LOG2E)),
         outs=(((B, Sq, H, D), jnp.dtype(q.dtype).name), ((B, H, Sq), "float32"),
               ((n_ctas * plan.SLOT_BYTES,), "uint8")),
         cc=90,
     )
-    maps = jnp.asarray(np.frombuffer(plan.tensor_maps(variant, k.shape, v.shape), dtype=np.uint8))
+    maps = jnp.asarray(np.frombuffer(plan.tensor_maps(variant, q.shape, k.shape, v.shape), dtype=np.uint8))
     out, lse, _slots = launch.run(spec, q, k.astype(q.dtype), v.astype(q.dtype), maps)
     return out, lse
 

@@ -19,7 +19,7 @@ from jax_bindings._cuda import compiler, source, tensor_map
 HEAD_DIMS = (source.D,)
 DTYPES = tuple(source.ELEMENTS)
 SMEM_LIMIT = 232448  # bytes of shared memory a CTA may opt into on sm_90
-SLOT_BYTES = 256  # per CTA: the K and V tensor maps it publishes
+SLOT_BYTES = source.SLOT_BYTES  # per CTA: the K, V and Q tensor maps it publishes
 
 
 @dataclass(frozen=True)
@@ -28,18 +28,24 @@ class FwdVariant:
 
     ``block_n``: keys per tile (176 on the dense mask, whose long rows amortise the wider tile's
     edge; 128 elsewhere: measured on H100, see ``benchmarks/NOTES.md``); ``stages``: K/V ring
-    depth; consumer overlap and ping-pong always on (the spike's best on every mask).
+    depth; consumer overlap and ping-pong always on (the spike's best on every mask);
+    ``persistent``: one CTA per SM taking work tiles in turn (on bands bounded on the left, whose
+    row blocks all walk about as far: 1.06-1.24x the grid launch on H100), else one CTA per row
+    block (dense and causal, where the hardware's dynamic block scheduling balances the unequal
+    walks better than the persistent CTAs' static turns: 0.84x on causal at S=16384).
     """
 
     band: acsr.Band
     dtype: str
     block_n: int = source.BN
     stages: int = 2
+    persistent: bool = False
 
     def named_source(self) -> tuple[str, str]:
         """``(kernel name, CUDA C++)``, the name unique to the source (:func:`source.with_unique_name`)."""
-        return source.with_unique_name(source.source(self.band.left, self.band.right, stages=self.stages,
-                                                     block_n=self.block_n, dtype=self.dtype))
+        return source.with_unique_name(source.source(
+            self.band.left, self.band.right, stages=self.stages, block_n=self.block_n, dtype=self.dtype,
+            persistent=self.persistent))
 
     @property
     def smem(self) -> int:
@@ -57,7 +63,7 @@ def fwd_variant(layout: ACSR, head_dim: int, dtype: str) -> FwdVariant:
         family = acsr.pattern_family(layout)
         raise NotImplementedError(f"the cuda kernels take one-band masks; this one is {family}")
     dense = band.left is None and band.right is None
-    return FwdVariant(band, dtype, block_n=176 if dense else source.BN)
+    return FwdVariant(band, dtype, block_n=176 if dense else source.BN, persistent=band.left is not None)
 
 
 @functools.lru_cache(maxsize=64)
@@ -67,14 +73,19 @@ def compiled(variant: FwdVariant) -> tuple[str, bytes]:
     return name, compiler.cubin(text)
 
 
-def grid(q_shape: tuple[int, ...]) -> tuple[int, int, int]:
-    """CTAs of the forward over ``q [B, Sq, H, D]``: row blocks, heads, batch."""
+def grid(variant: FwdVariant, q_shape: tuple[int, ...], sm_count: int) -> tuple[int, int, int]:
+    """CTAs of the forward over ``q [B, Sq, H, D]``: (row blocks, heads, batch), or, persistent,
+    one per SM (``sm_count``) up to the number of work tiles."""
     B, Sq, H, _ = q_shape
-    return -(-Sq // source.BM), H, B
+    row_blocks = -(-Sq // source.BM)
+    if variant.persistent:
+        return min(sm_count, row_blocks * H * B), 1, 1
+    return row_blocks, H, B
 
 
-def tensor_maps(variant: FwdVariant, k_shape: tuple[int, ...], v_shape: tuple[int, ...]) -> bytes:
-    """The K and V tensor-map templates the kernel takes, 128 bytes each."""
-    return tensor_map.bshd_template(tuple(k_shape), variant.block_n) + tensor_map.bshd_template(
-        tuple(v_shape), variant.block_n
+def tensor_maps(variant: FwdVariant, q_shape, k_shape, v_shape) -> bytes:
+    """The K, V and Q tensor-map templates the kernel takes, 128 bytes each."""
+    return b"".join(
+        tensor_map.bshd_template(tuple(shape), rows)
+        for shape, rows in ((k_shape, variant.block_n), (v_shape, variant.block_n), (q_shape, source.BM))
     )

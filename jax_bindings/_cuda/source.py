@@ -30,7 +30,8 @@ causal window of ``W`` keys ``(W - 1, 0)``. Inputs ``[B, S, H, D]`` bf16 or fp16
 with ``D = 128``, GQA by ``H // Hkv``; outputs ``out [B, Sq, H, D]`` in the input dtype and
 ``lse [B, H, Sq]`` fp32 (natural log; ``-inf`` and ``out = 0`` on a row with no key).
 Parameters: the array inputs, the scalars, then the array outputs (the order jaxlib's kernel
-call hands buffers in): ``q, k, v, tmap_templates, Sq, Skv, H, Hkv, scale_log2, out, lse, tmap_slots``.
+call hands buffers in): ``q, k, v, tmap_templates, Sq, Skv, H, Hkv, B, scale_log2, out, lse,
+tmap_slots``.
 """
 
 from __future__ import annotations
@@ -50,11 +51,14 @@ _UNBOUNDED = 1 << 30
 FEEDS = {"cp.async": 0, "tma": 1, "none": 2}
 
 
+SLOT_BYTES = 384  # global memory a CTA publishes its K, V and Q tensor maps in
+
+
 def smem_bytes(stages: int, block_n: int = BN) -> int:
-    """Dynamic shared memory: Q, ``stages`` K and V tiles, the mbarriers (32 bytes a stage, padded
-    to 128), two tensor-map staging buffers of 128 bytes, 1 KiB for alignment."""
+    """Dynamic shared memory: Q, ``stages`` K and V tiles, the mbarriers (32 bytes a stage and 16
+    for Q, padded to 128), three tensor-map staging buffers of 128 bytes, 1 KiB for alignment."""
     tile = block_n * D * 2
-    return BM * D * 2 + 2 * stages * tile + -(-32 * stages // 128) * 128 + 256 + 1024
+    return BM * D * 2 + 2 * stages * tile + -(-(32 * stages + 16) // 128) * 128 + 384 + 1024
 
 
 def _wgmma_ss(n: int) -> str:
@@ -196,7 +200,7 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 _KERNEL = r"""
 constexpr int BM = __BM__, BN = __BN__, HD = __D__, STAGES = __STAGES__, SN = BN / 2;
 constexpr int LEFT = __LEFT__, RIGHT = __RIGHT__;  // key j seen by row i: i - LEFT <= j <= i + RIGHT
-constexpr bool OVERLAP = __OVERLAP__, PINGPONG = __PINGPONG__;
+constexpr bool OVERLAP = __OVERLAP__, PINGPONG = __PINGPONG__, PERSISTENT = __PERSISTENT__;
 constexpr int FEED = __FEED__;  // 0: cp.async, 1: TMA, 2: none (a timing experiment)
 constexpr bool PROXY_FENCE = __PROXY_FENCE__;
 constexpr uint32_t TILE = BN * HD * 2, QBYTES = BM * HD * 2;
@@ -204,32 +208,51 @@ constexpr uint32_t TILE = BN * HD * 2, QBYTES = BM * HD * 2;
 extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
     const uint16_t* __restrict__ v, const uint8_t* __restrict__ tmap_templates,
-    int Sq, int Skv, int H, int Hkv, float scale_log2,
+    int Sq, int Skv, int H, int Hkv, int B, float scale_log2,
     uint16_t* __restrict__ out, float* __restrict__ lse, uint8_t* __restrict__ tmap_slots) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = (uint8_t*)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   const uint32_t s_q = smem_addr(smem);
   const uint32_t s_k = s_q + QBYTES;
   const uint32_t s_v = s_k + STAGES * TILE;
-  const uint32_t s_bar = s_v + STAGES * TILE;  // full_k, full_v, empty_k, empty_v: STAGES each
-  uint8_t* tmap_stage = smem + (s_bar - s_q) + (32 * STAGES + 127) / 128 * 128;  // 2 x 128 bytes
+  // mbarriers: full_k, full_v, empty_k, empty_v (STAGES each), then q_full, q_empty
+  const uint32_t s_bar = s_v + STAGES * TILE;
+  uint8_t* tmap_stage = smem + (s_bar - s_q) + (32 * STAGES + 16 + 127) / 128 * 128;  // 3 x 128 bytes
   auto full_k = [&](int s) { return s_bar + 8 * s; };
   auto full_v = [&](int s) { return s_bar + 8 * (STAGES + s); };
   auto empty_k = [&](int s) { return s_bar + 8 * (2 * STAGES + s); };
   auto empty_v = [&](int s) { return s_bar + 8 * (3 * STAGES + s); };
+  const uint32_t q_full = s_bar + 8 * (4 * STAGES), q_empty = q_full + 8;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int n_row_blocks = (Sq + BM - 1) / BM;
-  const int mb = n_row_blocks - 1 - blockIdx.x;  // longest walks first
-  const int h = blockIdx.y, b = blockIdx.z, hkv = h / (H / Hkv);
-  const int m0 = mb * BM;
-
-  // the keys any row of the block sees, and the tiles every row sees whole
-  int lo = 0, hi = Skv;
-  if (LEFT < __UNBOUNDED__) lo = max(0, m0 - LEFT);
-  if (RIGHT < __UNBOUNDED__) hi = min(Skv, m0 + BM - 1 + RIGHT + 1);
-  const int t0 = lo / BN, t1 = max(t0, (hi + BN - 1) / BN);
-  const int n_tiles = t1 - t0;
+  // Work tiles are (row block, head, batch), longest walks first. A persistent CTA takes every
+  // gridDim.x-th one; otherwise a CTA owns the one its block index names.
+  struct Work { int h, b, m0, t0, n_tiles; };
+  auto work = [&](int w) {
+    Work x;
+    int mb;
+    if (PERSISTENT) {
+      const int hb = w % (H * B);
+      mb = n_row_blocks - 1 - w / (H * B);
+      x.h = hb % H;
+      x.b = hb / H;
+    } else {
+      mb = n_row_blocks - 1 - blockIdx.x;
+      x.h = blockIdx.y;
+      x.b = blockIdx.z;
+    }
+    x.m0 = mb * BM;
+    // the key tiles any row of the block sees
+    int lo = 0, hi = Skv;
+    if (LEFT < __UNBOUNDED__) lo = max(0, x.m0 - LEFT);
+    if (RIGHT < __UNBOUNDED__) hi = min(Skv, x.m0 + BM - 1 + RIGHT + 1);
+    x.t0 = lo / BN;
+    x.n_tiles = max(x.t0, (hi + BN - 1) / BN) - x.t0;
+    return x;
+  };
+  const int w_first = PERSISTENT ? (int)blockIdx.x : 0, w_step = PERSISTENT ? (int)gridDim.x : 1;
+  const int n_work = PERSISTENT ? n_row_blocks * H * B : 1;
 
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
@@ -238,35 +261,51 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
       mbar_init(empty_k(s), __CONSUMER_WARPS__);
       mbar_init(empty_v(s), __CONSUMER_WARPS__);
     }
+    mbar_init(q_full, 1);
+    mbar_init(q_empty, __CONSUMER_WARPS__);
   }
   __syncthreads();
 
   const size_t kv_row = (size_t)Hkv * HD;  // elements between consecutive keys
   if (warp >= __CONSUMER_WARPS__) {
-    // ---- producer warpgroup: K and V tiles through cp.async, each completing on its mbarrier ----
+    // ---- producer warpgroup: K and V tiles (and, persistent, Q) into shared memory ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 __PRODUCER_REGS__;" ::: "memory");
-    const uint16_t* kb = k + ((size_t)b * Skv * Hkv + hkv) * HD;
-    const uint16_t* vb = v + ((size_t)b * Skv * Hkv + hkv) * HD;
     const int pt = tid - __CONSUMER_WARPS__ * 32, j = pt & 15, r_first = pt >> 4;
+    int ring = 0, qn = 0;  // K/V tiles and Q tiles this CTA has loaded so far
     if constexpr (FEED == 1) {
-      // TMA: one warp publishes this CTA's K and V tensor maps; its lane 0 issues every copy
+      // TMA: one warp publishes this CTA's tensor maps; its lane 0 issues every copy
       if (pt >= 32) return;
       const size_t cta = ((size_t)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-      uint8_t* gk = tmap_slots + cta * 256;
+      uint8_t* gk = tmap_slots + cta * __SLOT_BYTES__;
       uint8_t* gv = gk + 128;
+      uint8_t* gq = gk + 256;
       publish_tmap(gk, tmap_templates, tmap_stage, k, lane);
       publish_tmap(gv, tmap_templates + 128, tmap_stage + 128, v, lane);
+      if (PERSISTENT) publish_tmap(gq, tmap_templates + 256, tmap_stage + 256, q, lane);
       if (lane != 0) return;
-      for (int t = 0; t < n_tiles; ++t) {
-        const int s = t % STAGES, n0 = (t0 + t) * BN;
-        if (t >= STAGES) mbar_wait(empty_k(s), ((t / STAGES) & 1) ^ 1);
-        mbar_expect_tx(full_k(s), TILE);
-        tma_load_4d(s_k + s * TILE, gk, full_k(s), 0, hkv, n0, b);
-        tma_load_4d(s_k + s * TILE + BN * 128, gk, full_k(s), 64, hkv, n0, b);
-        if (t >= STAGES) mbar_wait(empty_v(s), ((t / STAGES) & 1) ^ 1);
-        mbar_expect_tx(full_v(s), TILE);
-        tma_load_4d(s_v + s * TILE, gv, full_v(s), 0, hkv, n0, b);
-        tma_load_4d(s_v + s * TILE + BN * 128, gv, full_v(s), 64, hkv, n0, b);
+      for (int w = w_first; w < n_work; w += w_step) {
+        const Work x = work(w);
+        if (x.n_tiles == 0) continue;
+        const int hkv = x.h / (H / Hkv);
+        if (PERSISTENT) {
+          if (qn > 0) mbar_wait(q_empty, (qn - 1) & 1);
+          mbar_expect_tx(q_full, QBYTES);
+          tma_load_4d(s_q, gq, q_full, 0, x.h, x.m0, x.b);
+          tma_load_4d(s_q + BM * 128, gq, q_full, 64, x.h, x.m0, x.b);
+          ++qn;
+        }
+        for (int t = 0; t < x.n_tiles; ++t) {
+          const int r = ring + t, s = r % STAGES, n0 = (x.t0 + t) * BN;
+          if (r >= STAGES) mbar_wait(empty_k(s), ((r / STAGES) & 1) ^ 1);
+          mbar_expect_tx(full_k(s), TILE);
+          tma_load_4d(s_k + s * TILE, gk, full_k(s), 0, hkv, n0, x.b);
+          tma_load_4d(s_k + s * TILE + BN * 128, gk, full_k(s), 64, hkv, n0, x.b);
+          if (r >= STAGES) mbar_wait(empty_v(s), ((r / STAGES) & 1) ^ 1);
+          mbar_expect_tx(full_v(s), TILE);
+          tma_load_4d(s_v + s * TILE, gv, full_v(s), 0, hkv, n0, x.b);
+          tma_load_4d(s_v + s * TILE + BN * 128, gv, full_v(s), 64, hkv, n0, x.b);
+        }
+        ring += x.n_tiles;
       }
     } else {
       // every producer thread copies 16 of the tile's rows (one 16-byte chunk each); a tile
@@ -284,40 +323,30 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
           mbar_arrive(full);
         }
       };
-      for (int t = 0; t < n_tiles; ++t) {
-        const int s = t % STAGES, n0 = (t0 + t) * BN;
-        if (t >= STAGES) mbar_wait(empty_k(s), ((t / STAGES) & 1) ^ 1);
-        fill(s_k + s * TILE, kb, n0, full_k(s));
-        if (t >= STAGES) mbar_wait(empty_v(s), ((t / STAGES) & 1) ^ 1);
-        fill(s_v + s * TILE, vb, n0, full_v(s));
+      for (int w = w_first; w < n_work; w += w_step) {
+        const Work x = work(w);
+        const int hkv = x.h / (H / Hkv);
+        const uint16_t* kb = k + ((size_t)x.b * Skv * Hkv + hkv) * HD;
+        const uint16_t* vb = v + ((size_t)x.b * Skv * Hkv + hkv) * HD;
+        for (int t = 0; t < x.n_tiles; ++t) {
+          const int r = ring + t, s = r % STAGES, n0 = (x.t0 + t) * BN;
+          if (r >= STAGES) mbar_wait(empty_k(s), ((r / STAGES) & 1) ^ 1);
+          fill(s_k + s * TILE, kb, n0, full_k(s));
+          if (r >= STAGES) mbar_wait(empty_v(s), ((r / STAGES) & 1) ^ 1);
+          fill(s_v + s * TILE, vb, n0, full_v(s));
+        }
+        ring += x.n_tiles;
       }
       asm volatile("cp.async.wait_all;" ::: "memory");
     }
   } else {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 __CONSUMER_REGS__;" ::: "memory");
-  // ---- consumers: warpgroup wg owns rows m0 + 64 wg .. + 63 ----
+  // ---- consumers: warpgroup wg owns rows m0 + 64 wg .. + 63 of each work tile ----
   const int wg = warp / 4, wt = tid % 128;
-  {
-    const uint16_t* qb = q + ((size_t)b * Sq * H + h) * HD;
-    const size_t q_row = (size_t)H * HD;
-    for (int c = wt; c < 64 * 16; c += 128) {
-      const int r = 64 * wg + c / 16, j = c % 16, m = m0 + r;
-      const bool ok = m < Sq;
-      cp_async16(s_q + swz(r, j, BM), qb + (ok ? m : 0) * q_row + j * 8, ok ? 16 : 0);
-    }
-    asm volatile("cp.async.wait_all;" ::: "memory");
-    fence_async_smem_always();
-    named_sync(1 + wg, 128);
-  }
-
-  // this thread's two rows (fragment rows r and r + 8 of its warp's 16)
-  const int row0 = m0 + 64 * wg + 16 * (warp % 4) + lane / 4;
-  const int rows[2] = {row0, row0 + 8};
+  int m0 = 0, rows[2] = {0, 0};  // the current work tile's first row, this thread's two rows
   float o[64], sc[SN];  // sc: this thread's BN / 2 scores of its two rows
   uint32_t p[SN / 2];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) o[i] = 0.f;
-  float mx[2] = {NEG_INF, NEG_INF}, sum[2] = {0.f, 0.f}, corr[2] = {1.f, 1.f};
+  float mx[2], sum[2], corr[2];
 
   // ping-pong: a warpgroup issues its products only after the other one issued its own
   auto fence_async_smem = [&]() { if (PROXY_FENCE) fence_async_smem_always(); };
@@ -383,27 +412,59 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     for (int i = 0; i < 64; ++i) o[i] *= corr[(i / 2) % 2];
   };
 
-  // a row block that sees no key skips the walk (uniform over the CTA: no barrier is left waiting)
-  if (n_tiles > 0 && PINGPONG && wg == 1) asm volatile("bar.arrive %0, 256;" :: "r"(3) : "memory");
-  if (n_tiles == 0) {
-  } else if (OVERLAP) {
+  int ring = 0, qn = 0;  // K/V tiles and Q tiles this CTA has consumed so far
+  auto stage = [&](int t) { return (ring + t) % STAGES; };
+  auto phase = [&](int t) { return ((ring + t) / STAGES) & 1; };
+  for (int w = w_first; w < n_work; w += w_step) {
+  const Work x = work(w);
+  m0 = x.m0;
+  rows[0] = m0 + 64 * wg + 16 * (warp % 4) + lane / 4;  // fragment rows r and r + 8 of the warp's 16
+  rows[1] = rows[0] + 8;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    mx[i] = NEG_INF;
+    sum[i] = 0.f;
+    corr[i] = 1.f;
+  }
+  // a row block that sees no key skips the walk (the same in every warp: no barrier is left
+  // waiting); its rows still get out = 0 and lse = -inf below
+  const int n_tiles = x.n_tiles;
+  if (n_tiles > 0) {
+  if (PERSISTENT) {
+    mbar_wait(q_full, qn & 1);
+  } else {
+    const uint16_t* qb = q + ((size_t)x.b * Sq * H + x.h) * HD;
+    const size_t q_row = (size_t)H * HD;
+    for (int c = wt; c < 64 * 16; c += 128) {
+      const int r = 64 * wg + c / 16, j = c % 16, m = m0 + r;
+      const bool ok = m < Sq;
+      cp_async16(s_q + swz(r, j, BM), qb + (ok ? m : 0) * q_row + j * 8, ok ? 16 : 0);
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    fence_async_smem_always();
+    named_sync(1 + wg, 128);
+  }
+  if (PINGPONG && wg == 1) asm volatile("bar.arrive %0, 256;" :: "r"(3) : "memory");
+  if (OVERLAP) {
     // products of tile t issued with P V of tile t - 1; softmax of t runs under P V of t - 1
-    mbar_wait(full_k(0), 0);
+    mbar_wait(full_k(stage(0)), phase(0));
     fence_async_smem();
     turn_wait();
     wgmma_fence();
-    qk(0);
+    qk(stage(0));
     wgmma_commit();
     turn_pass(false);
     wgmma_wait<0>();
     fence_regs<SN>(sc);
-    if (lane == 0) mbar_arrive(empty_k(0));
-    softmax(t0 * BN);
+    if (lane == 0) mbar_arrive(empty_k(stage(0)));
+    softmax(x.t0 * BN);
     to_p();
     for (int t = 1; t < n_tiles; ++t) {
-      const int s = t % STAGES, sp = (t - 1) % STAGES;
-      mbar_wait(full_k(s), (t / STAGES) & 1);
-      mbar_wait(full_v(sp), ((t - 1) / STAGES) & 1);
+      const int s = stage(t), sp = stage(t - 1);
+      mbar_wait(full_k(s), phase(t));
+      mbar_wait(full_v(sp), phase(t - 1));
       fence_async_smem();
       turn_wait();
       wgmma_fence();
@@ -415,15 +476,17 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
       wgmma_wait<1>();
       fence_regs<SN>(sc);
       if (lane == 0) mbar_arrive(empty_k(s));
-      softmax((t0 + t) * BN);
+      softmax((x.t0 + t) * BN);
       wgmma_wait<0>();
       fence_regs<64>(o);
       if (lane == 0) mbar_arrive(empty_v(sp));
       rescale_o();
       to_p();
     }
-    const int sl = (n_tiles - 1) % STAGES;
-    mbar_wait(full_v(sl), ((n_tiles - 1) / STAGES) & 1);
+    // every product reading Q is complete: the producer may load the next work tile's
+    if (PERSISTENT && lane == 0) mbar_arrive(q_empty);
+    const int sl = stage(n_tiles - 1);
+    mbar_wait(full_v(sl), phase(n_tiles - 1));
     fence_async_smem();
     turn_wait();
     wgmma_fence();
@@ -435,7 +498,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     if (lane == 0) mbar_arrive(empty_v(sl));
   } else {
     for (int t = 0; t < n_tiles; ++t) {
-      const int s = t % STAGES, parity = (t / STAGES) & 1;
+      const int s = stage(t), parity = phase(t);
       mbar_wait(full_k(s), parity);
       fence_async_smem();
       turn_wait();
@@ -446,7 +509,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
       wgmma_wait<0>();
       fence_regs<SN>(sc);
       if (lane == 0) mbar_arrive(empty_k(s));
-      softmax((t0 + t) * BN);
+      softmax((x.t0 + t) * BN);
       rescale_o();
       to_p();
       mbar_wait(full_v(s), parity);
@@ -460,29 +523,34 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
       fence_regs<64>(o);
       if (lane == 0) mbar_arrive(empty_v(s));
     }
+    if (PERSISTENT && lane == 0) mbar_arrive(q_empty);
+  }
+  ring += n_tiles;
+  ++qn;
   }
 
   // ---- epilogue: out = o / sum (0 on a row with no key), lse = m * scale + log(sum) ----
 #pragma unroll
-  for (int x = 0; x < 2; ++x) {
-    sum[x] += __shfl_xor_sync(0xffffffff, sum[x], 1);
-    sum[x] += __shfl_xor_sync(0xffffffff, sum[x], 2);
+  for (int i = 0; i < 2; ++i) {
+    sum[i] += __shfl_xor_sync(0xffffffff, sum[i], 1);
+    sum[i] += __shfl_xor_sync(0xffffffff, sum[i], 2);
   }
   const float ln2 = 0.6931471805599453f;
 #pragma unroll
-  for (int x = 0; x < 2; ++x) {
-    const int row = rows[x];
+  for (int i = 0; i < 2; ++i) {
+    const int row = rows[i];
     if (row >= Sq) continue;
-    const float inv = sum[x] > 0.f ? 1.f / sum[x] : 0.f;
-    uint16_t* orow = out + (((size_t)b * Sq + row) * H + h) * HD;
+    const float inv = sum[i] > 0.f ? 1.f / sum[i] : 0.f;
+    uint16_t* orow = out + (((size_t)x.b * Sq + row) * H + x.h) * HD;
 #pragma unroll
-    for (int i = 2 * x; i < 64; i += 4) {
-      const int col = (i / 4) * 8 + 2 * (lane % 4);
-      *reinterpret_cast<uint32_t*>(orow + col) = pack2(o[i] * inv, o[i + 1] * inv);
+    for (int e = 2 * i; e < 64; e += 4) {
+      const int col = (e / 4) * 8 + 2 * (lane % 4);
+      *reinterpret_cast<uint32_t*>(orow + col) = pack2(o[e] * inv, o[e + 1] * inv);
     }
     if (lane % 4 == 0)
-      lse[((size_t)b * H + h) * Sq + row] =
-          sum[x] > 0.f ? mx[x] * scale_log2 * ln2 + logf(sum[x]) : NEG_INF;
+      lse[((size_t)x.b * H + x.h) * Sq + row] =
+          sum[i] > 0.f ? mx[i] * scale_log2 * ln2 + logf(sum[i]) : NEG_INF;
+  }
   }
   }
 }
@@ -498,20 +566,27 @@ ELEMENTS = {"bfloat16": "bf16", "float16": "f16"}  # input dtype -> PTX element 
 
 def source(left: int | None, right: int | None, *, stages: int = 2, overlap: bool = True,
            pingpong: bool = True, feed: str = "tma", proxy_fence: bool | None = None,
-           block_n: int = BN, dtype: str = "bfloat16") -> str:
+           block_n: int = BN, dtype: str = "bfloat16", persistent: bool = False) -> str:
     """The kernel's CUDA C++ for the mask ``i - left <= j <= i + right`` (``None``: unbounded).
 
-    ``feed``: how K/V reach shared memory: ``"tma"`` (tensor maps: ``tmap_templates`` holds K's and
-    V's, encoded on the host for the call's shapes; each CTA publishes them with its base
-    addresses in its 256-byte slot of ``tmap_slots``), ``"cp.async"``, or ``"none"`` (a timing
-    experiment: no copies, the output is not attention). ``proxy_fence``: the consumers' generic ->
-    async proxy fence after each wait (needed for cp.async; default on for it only). ``block_n``:
+    ``feed``: how K/V reach shared memory: ``"tma"`` (tensor maps: ``tmap_templates`` holds K's,
+    V's and Q's, encoded on the host for the call's shapes; each CTA publishes them with its base
+    addresses in its :data:`SLOT_BYTES` slot of ``tmap_slots``), ``"cp.async"``, or ``"none"`` (a
+    timing experiment: no copies, the output is not attention). ``persistent``: launch at most
+    one CTA per SM (``grid = (CTAs, 1, 1)``) and let each take every ``gridDim.x``-th work tile
+    (row block, head, batch; longest walks first); the producer then loads Q by TMA too, the next
+    tile's Q and K/V while the consumers finish the last one, and the maps are published once a
+    CTA. Otherwise ``grid = (row blocks, H, B)`` and the consumers load Q with cp.async.
+    ``proxy_fence``: the consumers' generic -> async proxy fence after each wait (needed for
+    cp.async; default on for it only). ``block_n``:
     keys per tile (the wgmma N of ``Q K^T``). V's MN-major descriptor has the 64-column block
     stride (``block_n * 128`` bytes) as its leading offset and 8 keys (1024 bytes) as its stride;
     the other order was built and fails the check.
     """
     if feed not in FEEDS:
         raise ValueError(f"feed must be one of {sorted(FEEDS)}, got {feed!r}")
+    if persistent and feed != "tma":
+        raise ValueError(f"persistent=True needs feed='tma' (Q comes by TMA), got feed={feed!r}")
     if block_n % 16 or not 16 <= block_n <= 256:
         raise ValueError(f"block_n must be a multiple of 16 in [16, 256], got {block_n}")
     if stages < 1:
@@ -529,6 +604,7 @@ def source(left: int | None, right: int | None, *, stages: int = 2, overlap: boo
         "__PINGPONG__": str(pingpong).lower(), "__PRODUCER_WARPS__": PRODUCER_WARPS,
         "__FEED__": FEEDS[feed], "__PROXY_FENCE__": str(feed == "cp.async" if proxy_fence is None
                                                         else proxy_fence).lower(),
+        "__PERSISTENT__": str(persistent).lower(), "__SLOT_BYTES__": SLOT_BYTES,
         "__PRODUCER_REGS__": PRODUCER_REGS, "__CONSUMER_REGS__": CONSUMER_REGS, "__ELEM__": ELEMENTS[dtype],
     }
     text = _HELPERS + _wgmma_ss(block_n) + _wgmma_rs(D) + _KERNEL
