@@ -16,6 +16,7 @@ CASES = [  # (name, q_len, kv_len, left, right, H, Hkv)
     ("sliding_window", 515, 515, 100, 100, 2, 2),
     ("off_diagonal", 300, 260, 40, -30, 2, 1),  # rows < 30 see no key
     ("future_only", 200, 200, -1, 60, 2, 2),  # keys strictly after the query; the last row is empty
+    ("empty_row_block", 400, 300, 200, -150, 2, 1),  # rows < 150 see no key: the first row block skips
 ]
 
 
