@@ -57,8 +57,10 @@ if _WHY is not None:
 
 LOG2E = math.log2(math.e)
 
+
 def _sm_count() -> int:
-    """Streaming multiprocessors of the default GPU (the persistent grid's size)."""
+    """Streaming multiprocessors of the default GPU (the persistent grid's size; an H100 SXM's 132
+    where jaxlib does not say)."""
     return int(getattr(jax.devices("gpu")[0], "core_count", 132))
 
 
@@ -77,7 +79,7 @@ def attention_fwd(q, k, v, runtime, layout: ACSR, scale: float, soft_cap=None):
     ctas = plan.grid(variant, q.shape, _sm_count())
     n_ctas = ctas[0] * ctas[1] * ctas[2]
     if n_ctas * plan.SLOT_BYTES >= 2**31:
-        raise NotImplementedError(f"the cuda forward takes fewer than 2**23 CTAs, got grid {ctas}")
+        raise NotImplementedError(f"grid {ctas}: its tensor-map slots would need 2**31 bytes or more")
     name, image = plan.compiled(variant)
     spec = launch.Launch(
         name=name,
