@@ -51,13 +51,13 @@ def launch(variant, q, k, v, scale):
         f.flush()
         fn = cp.RawModule(path=f.name).get_function(name)
     B, Sq, H, D = q.shape
-    grid = plan.grid(variant, q.shape, cp.cuda.Device().attributes["MultiProcessorCount"])
-    tmpl = plan.tensor_maps(variant, q.shape, k.shape, v.shape)
+    grid = plan.grid(q.shape, variant.persistent, cp.cuda.Device().attributes["MultiProcessorCount"])
+    tmpl = plan.tensor_maps(variant.block_n, q.shape, k.shape, v.shape)
     dq, dk, dv = (cp.asarray(x) for x in (q, k, v))
     maps = cp.asarray(np.frombuffer(tmpl, np.uint8))
     out = cp.full(q.shape, np.nan, dtype=q.dtype)
     lse = cp.full((B, H, Sq), np.nan, dtype=np.float32)
-    slots = cp.zeros(grid[0] * grid[1] * grid[2] * plan.SLOT_BYTES, dtype=np.uint8)
+    slots = cp.zeros(grid[0] * grid[1] * grid[2] * source.SLOT_BYTES, dtype=np.uint8)
     fn.max_dynamic_shared_size_bytes = variant.smem
     args = (dq, dk, dv, maps, np.int32(Sq), np.int32(k.shape[1]), np.int32(H), np.int32(k.shape[2]),
             np.int32(B), np.float32(scale * math.log2(math.e)), out, lse, slots)

@@ -2,10 +2,11 @@
 """Spike: what a CUDA C++ (wgmma) forward gives against FlashAttention-3, cuDNN and splat's Triton.
 
 The second half of issue 10's route spike (the Triton half: ``spike_hopper_fwd.py``). The kernel
-is ``jax_bindings._cuda.source.source`` (read its docstring), built with nvcc for sm_90a on the GPU
-machine, loaded with CuPy and launched on torch's stream; the peers are the Triton spike's
-(``flash_attn3_jax.flash_mha``, cuDNN through ``jax.nn.dot_product_attention``, and
-``splat.attention(backend="triton")``), each timed as 10 calls chained in one jitted program.
+is ``jax_bindings._cuda.source.source`` (read its docstring), built as the cuda backend builds it
+(NVRTC, else nvcc) for sm_90a on the GPU machine, loaded with CuPy and launched on torch's
+stream; the peers are the Triton spike's (``flash_attn3_jax.flash_mha``, cuDNN through
+``jax.nn.dot_product_attention``, and ``splat.attention(backend="triton")``), each timed as 10
+calls chained in one jitted program.
 
 Each build is first checked against a float32 torch reference at B=1, H=2 (GQA 2:1 too) on
 lengths that are and are not multiples of 128, and on a causal window narrower than a tile;
@@ -37,103 +38,60 @@ sys.path.insert(0, HERE)
 
 import spike_hopper_fwd as sh  # noqa: E402
 
+from jax_bindings._cuda import plan  # noqa: E402
 from jax_bindings._cuda import source as cfs  # noqa: E402
-from jax_bindings._cuda import tensor_map  # noqa: E402
 
 LOG2E = sh.LOG2E
 SCHEMA = "splat-spike-cuda-fwd/1"
-SMEM_LIMIT = 232448  # bytes of shared memory a block may opt into on sm_90
 
 
 def build(src: str, name: str, workdir: str) -> dict:
-    """nvcc -> cubin for sm_90a; returns the path and ptxas's register / spill report."""
-    cu = os.path.join(workdir, name + ".cu")
-    cubin = os.path.join(workdir, name + ".cubin")
-    with open(cu, "w") as f:
-        f.write(src)
-    cmd = ["nvcc", "-gencode", "arch=compute_90a,code=sm_90a", "-cubin", "-O3", "-Xptxas", "-v", "-o", cubin]
+    """The source compiled as the cuda backend compiles it (``jax_bindings._cuda.compiler``: NVRTC,
+    else nvcc) for sm_90a, the kernel named after the source; returns the cubin's path, the kernel
+    name and ptxas's register / spill report."""
+    from jax_bindings._cuda import compiler
+
+    c = compiler.compiler()
+    if isinstance(c, str):
+        raise RuntimeError(c)
+    kernel, src = cfs.with_unique_name(src)
     t0 = time.perf_counter()
-    r = subprocess.run([*cmd, cu], capture_output=True, text=True)
+    image, log = c.compile(src, verbose=True)
     keep = ("registers", "spill", "warning")
-    report = [ln.strip() for ln in r.stderr.splitlines() if any(x in ln.lower() for x in keep)]
-    info = {"build_s": round(time.perf_counter() - t0, 2), "ptxas": report}
-    if r.returncode:
-        raise RuntimeError(f"nvcc failed: {r.stderr[-1500:]}")
-    ptx = os.path.join(workdir, name + ".ptx")
-    ptx_cmd = ["nvcc", "-gencode", "arch=compute_90a,code=compute_90a", "-ptx", "-O3", "-o", ptx, cu]
-    r = subprocess.run(ptx_cmd, capture_output=True, text=True)
-    if r.returncode:
-        raise RuntimeError(f"nvcc -ptx failed: {r.stderr[-1500:]}")
-    info.update(cubin=cubin, ptx=ptx)
-    return info
+    report = [ln.strip() for ln in log.splitlines() if any(x in ln.lower() for x in keep)]
+    cubin = os.path.join(workdir, name + ".cubin")
+    with open(cubin, "wb") as f:
+        f.write(image)
+    return {"build_s": round(time.perf_counter() - t0, 2), "ptxas": report, "compiler": c.kind,
+            "cubin": cubin, "kernel": kernel}
 
 
-def jax_kernel(cubin: str, ptx: str, stages: int, block_n: int):
-    """The built kernel as a JAX callable ``(q, k, v, scale) -> (out, lse, slots)``: jaxlib's
-    Triton kernel call (the custom call splat's Triton kernels go through) with this cubin
-    attached as its module image; the tensor-map templates are encoded at trace time."""
-    import zlib
+def jax_kernel(cubin: str, kernel: str, stages: int, block_n: int):
+    """The built kernel as a JAX callable ``(q, k, v, scale) -> (out, lse)``, launched as the cuda
+    backend launches its own (``jax_bindings._cuda.backend.run_forward``: jaxlib's kernel call
+    with the cubin as its module image); the tensor-map templates are encoded at trace time."""
+    from jax_bindings._cuda import backend, plan
 
-    import jax
-    import jax.extend as jex
-    import jax.numpy as jnp
-    from jax._src.lib import gpu_triton as tk
-    from jax.interpreters import mlir
-
-    from jax_bindings import _kernel_proto
-
-    image, text = open(cubin, "rb").read(), open(ptx).read()
+    with open(cubin, "rb") as f:
+        image = f.read()
     smem = cfs.smem_bytes(stages, block_n)
-    prim = jex.core.Primitive(f"splat_cuda_fwd_{os.path.basename(cubin)}")
-    prim.multiple_results = True
-
-    def grid(q):
-        B, Sq, H, _ = q.shape
-        return (Sq + cfs.BM - 1) // cfs.BM, H, B
-
-    def abstract(q, k, v, templates, *, scale):
-        B, Sq, H, _ = q.shape
-        gx, gy, gz = grid(q)
-        return (jax.core.ShapedArray(q.shape, q.dtype), jax.core.ShapedArray((B, H, Sq), jnp.float32),
-                jax.core.ShapedArray((gx * gy * gz * cfs.SLOT_BYTES,), jnp.uint8))
-
-    def lowering(ctx, q, k, v, templates, *, scale):
-        qa, ka = ctx.avals_in[0], ctx.avals_in[1]
-        B, Sq, H, _ = qa.shape
-        Skv, Hkv = ka.shape[1], ka.shape[2]
-        kernel = tk.TritonKernel(cfs.KERNEL_NAME, cfs.THREADS // 32, 1, smem, text, "", 90)
-        arr = tk.create_array_parameter(0, 16)
-        scalars = [tk.create_scalar_parameter(x, "i32") for x in (Sq, Skv, H, Hkv, B)]
-        scalars.append(tk.create_scalar_parameter(float(scale * LOG2E), "fp32"))
-        call = tk.TritonKernelCall(kernel, *grid(qa), [arr] * 4 + scalars + [arr] * 3)
-        proto = _kernel_proto.with_module_image(call.to_proto("splat_cuda_fwd", b""), lambda _p, _c: image)
-        rule = jax.ffi.ffi_lowering("triton_kernel_call", api_version=2, backend_config=zlib.compress(proto))
-        return rule(ctx, q, k, v, templates)
-
-    prim.def_abstract_eval(abstract)
-    mlir.register_lowering(prim, lowering, platform="cuda")
 
     def attention(q, k, v, scale):
-        maps = jnp.asarray(np.frombuffer(templates(q.shape, k.shape, v.shape, block_n), dtype=np.uint8))
-        return prim.bind(q, k, v, maps, scale=scale)
+        grid = plan.grid(q.shape, False, 0)
+        maps = plan.tensor_maps(block_n, q.shape, k.shape, v.shape)
+        return backend.run_forward(kernel, image, grid, smem, maps, q, k, v, scale)
 
     return attention
-
-
-def templates(q_shape, k_shape, v_shape, block_n: int) -> bytes:
-    """The K, V and Q tensor-map templates the kernel takes (``jax_bindings._cuda.tensor_map``)."""
-    t = tensor_map.bshd_template
-    return t(tuple(k_shape), block_n) + t(tuple(v_shape), block_n) + t(tuple(q_shape), cfs.BM)
 
 
 class Kernel:
     """One built variant, launched through CuPy on torch's current stream."""
 
-    def __init__(self, cubin: str, stages: int, block_n: int):
+    def __init__(self, cubin: str, kernel: str, stages: int, block_n: int):
         import cupy as cp
 
         self.cp = cp
-        self.fn = cp.RawModule(path=cubin).get_function(cfs.KERNEL_NAME)
+        self.fn = cp.RawModule(path=cubin).get_function(kernel)
         self.smem = cfs.smem_bytes(stages, block_n)
         self.block_n = block_n
         self.fn.max_dynamic_shared_size_bytes = self.smem
@@ -143,7 +101,7 @@ class Kernel:
         key = (tuple(q.shape), tuple(k.shape), tuple(v.shape), ctas)
         if key not in self.maps:
             bn = self.block_n
-            tmpl = templates(q.shape, k.shape, v.shape, bn)
+            tmpl = plan.tensor_maps(bn, q.shape, k.shape, v.shape)
             t = torch.frombuffer(bytearray(tmpl), dtype=torch.uint8).cuda()
             self.maps[key] = (t, torch.zeros(ctas * cfs.SLOT_BYTES, dtype=torch.uint8, device="cuda"))
         return self.maps[key]
@@ -152,7 +110,7 @@ class Kernel:
         B, Sq, H, D = q.shape
         Skv, Hkv = k.shape[1], k.shape[2]
         stream = self.cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
-        grid = ((Sq + cfs.BM - 1) // cfs.BM, H, B)
+        grid = plan.grid(q.shape, False, 0)
         templates, slots = self._maps(q, k, v, grid[0] * grid[1] * grid[2], torch)
         args = tuple(np.uint64(t.data_ptr()) for t in (q, k, v, templates))
         args += (np.int32(Sq), np.int32(Skv), np.int32(H), np.int32(Hkv), np.int32(B),
@@ -239,10 +197,10 @@ def build_and_check(window: int, stages: int, block_n: int, sched: str, workdir:
         src = cfs.source(left, right, stages=stages, block_n=block_n, **{**SCHEDULES, **EXPERIMENTS}[sched])
         rec.update(build(src, f"w{window}_{name}".replace(",", "_").replace("+", "_"), workdir))
         if sched in EXPERIMENTS:
-            Kernel(rec["cubin"], stages, block_n)  # loads
+            Kernel(rec["cubin"], rec["kernel"], stages, block_n)  # loads
             rec.update(ok=True, unchecked="timing experiment: the output is not attention")
         else:
-            rec.update(check(Kernel(rec["cubin"], stages, block_n), left, right, torch))
+            rec.update(check(Kernel(rec["cubin"], rec["kernel"], stages, block_n), left, right, torch))
     except Exception as e:  # noqa: BLE001 -- recorded, the spike goes on
         rec.update(ok=False, error=sh._first_line(e))
     return rec
@@ -318,7 +276,7 @@ def main(argv=None) -> int:
             json.dump(doc, f, indent=1)
 
     specs = [(w, st, bn, sc) for w in a.windows for st in a.stages for bn in a.block_n for sc in a.schedules
-             if cfs.smem_bytes(st, bn) <= SMEM_LIMIT]
+             if cfs.smem_bytes(st, bn) <= cfs.SMEM_LIMIT]
     kernels = {}  # (window, variant name) -> Kernel
     for rec in checked_builds(specs, workdir):
         doc["builds"].append(rec)
@@ -326,10 +284,11 @@ def main(argv=None) -> int:
         shown = {x: rec.get(x) for x in ("ok", "out", "lse", "error", "ptxas")}
         sh._log(f"build w{rec['window']} {rec['name']}: {json.dumps(shown)}")
         if rec.get("ok"):
-            kernels[(rec["window"], rec["name"])] = Kernel(rec["cubin"], rec["stages"], rec["block_n"])
+            kernels[(rec["window"], rec["name"])] = Kernel(rec["cubin"], rec["kernel"], rec["stages"],
+                                                           rec["block_n"])
             if rec["schedule"] in a.jax_schedules:
                 try:
-                    fn = jax_kernel(rec["cubin"], rec["ptx"], rec["stages"], rec["block_n"])
+                    fn = jax_kernel(rec["cubin"], rec["kernel"], rec["stages"], rec["block_n"])
                     jax_fns[(rec["window"], "jax:" + rec["name"])] = fn
                 except Exception as e:  # noqa: BLE001 -- recorded, the spike goes on
                     rec["jax_error"] = sh._first_line(e)

@@ -71,31 +71,40 @@ def _refuse_extras(runtime, soft_cap) -> None:
         raise NotImplementedError("the cuda kernels take no logits soft-cap")
 
 
-def attention_fwd(q, k, v, runtime, layout: ACSR, scale: float, soft_cap=None):
-    """``(out [B, Sq, H, D], lse [B, H, Sq] float32)`` from the generated forward kernel."""
-    _refuse_extras(runtime, soft_cap)
+def run_forward(name: str, image: bytes, grid: tuple[int, int, int], smem: int, maps: bytes, q, k, v,
+                scale: float):
+    """``(out, lse)`` of the forward kernel ``name`` in the cubin ``image``, launched on ``grid``
+    with ``smem`` bytes of shared memory and the tensor-map templates ``maps`` (the kernel
+    signature of :mod:`jax_bindings._cuda.source`)."""
     B, Sq, H, D = q.shape
-    variant = plan.fwd_variant(layout, D, jnp.dtype(q.dtype).name)
-    ctas = plan.grid(variant, q.shape, _sm_count())
-    n_ctas = ctas[0] * ctas[1] * ctas[2]
-    if n_ctas * plan.SLOT_BYTES >= 2**31:
-        raise NotImplementedError(f"grid {ctas}: its tensor-map slots would need 2**31 bytes or more")
-    name, image = plan.compiled(variant)
+    n_ctas = grid[0] * grid[1] * grid[2]
+    if n_ctas * source.SLOT_BYTES >= 2**31:
+        raise NotImplementedError(f"grid {grid}: its tensor-map slots would need 2**31 bytes or more")
     spec = launch.Launch(
         name=name,
         image=image,
-        grid=ctas,
+        grid=grid,
         threads=source.THREADS,
-        smem=variant.smem,
+        smem=smem,
         scalars=(("i32", Sq), ("i32", k.shape[1]), ("i32", H), ("i32", k.shape[2]), ("i32", B),
                  ("fp32", float(scale) * LOG2E)),
         outs=(((B, Sq, H, D), jnp.dtype(q.dtype).name), ((B, H, Sq), "float32"),
-              ((n_ctas * plan.SLOT_BYTES,), "uint8")),
+              ((n_ctas * source.SLOT_BYTES,), "uint8")),
         cc=90,
     )
-    maps = jnp.asarray(np.frombuffer(plan.tensor_maps(variant, q.shape, k.shape, v.shape), dtype=np.uint8))
-    out, lse, _slots = launch.run(spec, q, k.astype(q.dtype), v.astype(q.dtype), maps)
+    templates = jnp.asarray(np.frombuffer(maps, dtype=np.uint8))
+    out, lse, _slots = launch.run(spec, q, k.astype(q.dtype), v.astype(q.dtype), templates)
     return out, lse
+
+
+def attention_fwd(q, k, v, runtime, layout: ACSR, scale: float, soft_cap=None):
+    """``(out [B, Sq, H, D], lse [B, H, Sq] float32)`` from the generated forward kernel."""
+    _refuse_extras(runtime, soft_cap)
+    variant = plan.fwd_variant(layout, q.shape[-1], jnp.dtype(q.dtype).name)
+    name, image = plan.compiled(variant)
+    grid = plan.grid(q.shape, variant.persistent, _sm_count())
+    maps = plan.tensor_maps(variant.block_n, q.shape, k.shape, v.shape)
+    return run_forward(name, image, grid, variant.smem, maps, q, k, v, scale)
 
 
 def attention_bwd(q, k, v, runtime, out, lse, dout, layout: ACSR, scale: float, soft_cap=None):

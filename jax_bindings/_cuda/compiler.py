@@ -76,6 +76,7 @@ def _nvrtc_candidates() -> list[str]:
     return [p for p in found if "builtins" not in os.path.basename(p) and not p.endswith(".alt")]
 
 
+@functools.cache
 def _load_nvrtc(path: str) -> ctypes.CDLL:
     lib = ctypes.CDLL(path)
     lib.nvrtcGetErrorString.restype = ctypes.c_char_p

@@ -18,8 +18,6 @@ from jax_bindings._cuda import compiler, source, tensor_map
 
 HEAD_DIMS = (source.D,)
 DTYPES = tuple(source.ELEMENTS)
-SMEM_LIMIT = 232448  # bytes of shared memory a CTA may opt into on sm_90
-SLOT_BYTES = source.SLOT_BYTES  # per CTA: the K, V and Q tensor maps it publishes
 
 
 @dataclass(frozen=True)
@@ -73,19 +71,20 @@ def compiled(variant: FwdVariant) -> tuple[str, bytes]:
     return name, compiler.cubin(text)
 
 
-def grid(variant: FwdVariant, q_shape: tuple[int, ...], sm_count: int) -> tuple[int, int, int]:
+def grid(q_shape: tuple[int, ...], persistent: bool, sm_count: int) -> tuple[int, int, int]:
     """CTAs of the forward over ``q [B, Sq, H, D]``: (row blocks, heads, batch), or, persistent,
     one per SM (``sm_count``) up to the number of work tiles."""
     B, Sq, H, _ = q_shape
     row_blocks = -(-Sq // source.BM)
-    if variant.persistent:
+    if persistent:
         return min(sm_count, row_blocks * H * B), 1, 1
     return row_blocks, H, B
 
 
-def tensor_maps(variant: FwdVariant, q_shape, k_shape, v_shape) -> bytes:
-    """The K, V and Q tensor-map templates the kernel takes, 128 bytes each."""
+def tensor_maps(block_n: int, q_shape, k_shape, v_shape) -> bytes:
+    """The K, V and Q tensor-map templates the kernel takes, 128 bytes each (K/V boxes of
+    ``block_n`` rows, Q boxes of a row block)."""
     return b"".join(
         tensor_map.bshd_template(tuple(shape), rows)
-        for shape, rows in ((k_shape, variant.block_n), (v_shape, variant.block_n), (q_shape, source.BM))
+        for shape, rows in ((k_shape, block_n), (v_shape, block_n), (q_shape, source.BM))
     )

@@ -52,6 +52,7 @@ FEEDS = {"cp.async": 0, "tma": 1, "none": 2}
 
 
 SLOT_BYTES = 384  # global memory a CTA publishes its K, V and Q tensor maps in
+SMEM_LIMIT = 232448  # bytes of shared memory a CTA may opt into on sm_90
 
 
 def smem_bytes(stages: int, block_n: int = BN) -> int:
