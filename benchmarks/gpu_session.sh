@@ -23,7 +23,7 @@
 #   cuda         the cuda backend's tests alone (compile checks + gpu suite), log in $OUT/gpu_cuda.log
 #   sanitize-cuda  every cuda-backend variant of its gpu tests under compute-sanitizer memcheck
 #                (benchmarks/sanitize_cuda.py: CuPy launches, no XLA), log in $OUT/sanitizer-cuda.log
-#   cudabench:L1,L2  splat bench --backend cuda --mode fwd on the one-band masks vs splat's Triton, cuDNN,
+#   cudabench:L1,L2  splat bench --backend cuda --mode fwd ($CUDA_MODE: both) on the one-band masks vs splat's Triton, cuDNN,
 #                FA3, FlexAttention ($CUDA_PEERS overrides) -> $OUT/bench-cuda-L1-L2.json and .png
 #   coldstart    benchmarks/compile_time.py on sliding_window(256, 256) (auto: cuda forward, triton
 #                backward) -> $OUT/compile_time_cuda.json
@@ -116,7 +116,7 @@ for l in sys.stdin:
       lengths=${stage#cudabench:}
       tag=${lengths//,/-}
       timeout 420 python3 -m splat bench --backend cuda --lengths ${lengths//,/ } --heads 16 --head-dim 128 \
-        --dtype bfloat16 --mode fwd --repeats 5 --peers ${CUDA_PEERS:-splat splat_triton cudnn flash_attn3 flex} \
+        --dtype bfloat16 --mode ${CUDA_MODE:-fwd} --repeats 5 --peers ${CUDA_PEERS:-splat splat_triton cudnn flash_attn3 flex} \
         --patterns full causal causal_window sliding_window \
         --out "$OUT/bench-cuda-$tag.json" --plot "$OUT/bench-cuda-$tag.png" >"$OUT/bench-cuda-$tag.log" 2>&1
       echo "cuda bench rc=$?"; tail -40 "$OUT/bench-cuda-$tag.log" ;;

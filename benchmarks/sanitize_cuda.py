@@ -2,10 +2,11 @@
 
 The variants and shapes of ``tests/test_cuda_gpu.py`` (``tests/cuda_cases.py``: dense, causal
 top-left and bottom-right, windows, bands off the diagonal with fully masked rows; GQA; lengths
-that are not tile multiples), in bfloat16 and float16, persistent and not, each compiled as the
-backend compiles it (``jax_bindings._cuda.plan``) and launched with CuPy (JAX is not imported),
-so no XLA kernel runs under the sanitizer. Each output is checked against a float32 NumPy
-reference, and so is every row's ``lse``; fully masked rows must give 0 and ``-inf``.
+that are not tile multiples), in bfloat16 and float16: the forward persistent and not, the
+backward with dQ added in order and in arrival order; each compiled as the backend compiles it
+(``jax_bindings._cuda.plan``) and launched with CuPy (JAX is not imported), so no XLA kernel
+runs under the sanitizer. Each output is checked against a float32 NumPy reference, and so is
+every row's ``lse``; fully masked rows must give 0 and ``-inf``, and zero gradients.
 
     compute-sanitizer --tool memcheck --error-exitcode 9 python3 benchmarks/sanitize_cuda.py
 """
@@ -25,7 +26,7 @@ import numpy as np
 sys.path.insert(0, "tests")
 from cuda_cases import CASES, band_layout  # noqa: E402
 
-from jax_bindings._cuda import plan, source  # noqa: E402
+from jax_bindings._cuda import bwd_source, plan, source  # noqa: E402
 
 NP = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 
@@ -44,12 +45,61 @@ def reference(q, k, v, mask, scale):
     return np.einsum("bhqk,bkhd->bqhd", p, vf), lse
 
 
-def launch(variant, q, k, v, scale):
+def grads_reference(q, k, v, do, mask, scale):
+    """Float32 ``(dq, dk, dv)`` of ``sum(attention * do)``."""
+    g = q.shape[2] // k.shape[2]
+    qf, dof = q.astype(np.float32), do.astype(np.float32)
+    kf, vf = (np.repeat(x.astype(np.float32), g, axis=2) for x in (k, v))
+    s = np.where(mask, np.einsum("bqhd,bkhd->bhqk", qf, kf) * scale, -np.inf)
+    m = s.max(-1, keepdims=True)
+    e = np.exp(s - np.where(np.isfinite(m), m, 0))
+    tot = e.sum(-1, keepdims=True)
+    p = e / np.where(tot > 0, tot, 1)
+    dp = np.einsum("bqhd,bkhd->bhqk", dof, vf)
+    ds = p * (dp - (p * dp).sum(-1, keepdims=True))
+    dq = np.einsum("bhqk,bkhd->bqhd", ds, kf) * scale
+    dk = np.einsum("bhqk,bqhd->bkhd", ds, qf) * scale
+    dv = np.einsum("bhqk,bqhd->bkhd", p, dof)
+    fold = lambda x: x.reshape(*x.shape[:2], k.shape[2], g, x.shape[-1]).sum(3)
+    return dq, fold(dk), fold(dv)
+
+
+def _kernel(variant):
     name, image = plan.compiled(variant)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(image)
         f.flush()
         fn = cp.RawModule(path=f.name).get_function(name)
+    fn.max_dynamic_shared_size_bytes = variant.smem
+    return fn
+
+
+def launch_bwd(variant, q, k, v, out, lse, do, scale):
+    """``(dq, dk, dv)`` of the backward kernel (the JAX-side preparation of ``backend.run_backward``
+    done in NumPy)."""
+    fn = _kernel(variant)
+    B, Sq, H, D = q.shape
+    pad = bwd_source.num_q_blocks(Sq) * bwd_source.BM - Sq
+    lse2 = np.where(np.isneginf(lse), np.inf, lse * math.log2(math.e)).astype(np.float32)
+    lse2 = np.pad(lse2, ((0, 0), (0, 0), (0, pad)), constant_values=np.inf)
+    delta = np.einsum("bshd,bshd->bhs", do.astype(np.float32), out.astype(np.float32))
+    delta = np.pad(delta, ((0, 0), (0, 0), (0, pad))).astype(np.float32)
+    grid = plan.bwd_grid(k.shape)
+    maps = cp.asarray(np.frombuffer(plan.bwd_tensor_maps(q.shape, k.shape), np.uint8))
+    dk, dv = (cp.full(k.shape, np.nan, dtype=k.dtype) for _ in range(2))
+    dq_acc = cp.zeros(q.shape, dtype=np.float32)
+    sem = cp.zeros(bwd_source.sem_words(B, H, Sq), dtype=np.int32)
+    slots = cp.zeros(grid[0] * grid[1] * grid[2] * bwd_source.SLOT_BYTES, dtype=np.uint8)
+    args = (*(cp.asarray(x) for x in (q, k, v, do, lse2, delta)), maps, np.int32(Sq), np.int32(k.shape[1]),
+            np.int32(H), np.int32(k.shape[2]), np.int32(B), np.float32(scale * math.log2(math.e)),
+            np.float32(scale), dk, dv, dq_acc, sem, slots)
+    fn(grid, (bwd_source.THREADS,), args, shared_mem=variant.smem)
+    cp.cuda.runtime.deviceSynchronize()
+    return cp.asnumpy(dq_acc) * scale, cp.asnumpy(dk).astype(np.float32), cp.asnumpy(dv).astype(np.float32)
+
+
+def launch(variant, q, k, v, scale):
+    fn = _kernel(variant)
     B, Sq, H, D = q.shape
     grid = plan.grid(q.shape, variant.persistent, cp.cuda.Device().attributes["MultiProcessorCount"])
     tmpl = plan.tensor_maps(variant.block_n, q.shape, k.shape, v.shape)
@@ -58,7 +108,6 @@ def launch(variant, q, k, v, scale):
     out = cp.full(q.shape, np.nan, dtype=q.dtype)
     lse = cp.full((B, H, Sq), np.nan, dtype=np.float32)
     slots = cp.zeros(grid[0] * grid[1] * grid[2] * source.SLOT_BYTES, dtype=np.uint8)
-    fn.max_dynamic_shared_size_bytes = variant.smem
     args = (dq, dk, dv, maps, np.int32(Sq), np.int32(k.shape[1]), np.int32(H), np.int32(k.shape[2]),
             np.int32(B), np.float32(scale * math.log2(math.e)), out, lse, slots)
     fn(grid, (source.THREADS,), args, shared_mem=variant.smem)
@@ -89,6 +138,19 @@ def main() -> int:
             assert lerr < 2e-2, f"{name} {dtype}: lse differs by {lerr:.3g}"
             kind = "persistent" if persistent else "grid"
             print(f"{name:22s} {dtype:9s} {kind:10s} ok (out {err:.1e}, lse {lerr:.1e})")
+            if persistent:  # the backward once per case and dtype, in each dQ order
+                do = rng.standard_normal(q.shape).astype(NP[dtype])
+                refs = grads_reference(q, k, v, do, mask, scale)
+                for ordered in (True, False):
+                    bv = dataclasses.replace(plan.bwd_variant(layout, 128, dtype), ordered=ordered)
+                    got = launch_bwd(bv, q, k, v, out, lse, do, scale)
+                    launched += 1
+                    pairs = zip(got, refs, strict=True)
+                    errs = [float(np.abs(x - r).max() / max(1.0, np.abs(r).max())) for x, r in pairs]
+                    assert all(np.isfinite(x).all() for x in got), f"{name} {dtype}: non-finite gradients"
+                    assert max(errs) < 3e-2, f"{name} {dtype} ordered={ordered}: gradients differ by {errs}"
+                    assert np.all(got[0][:, empty] == 0), f"{name}: a row with no key must get dq 0"
+                    print(f"{name:22s} {dtype:9s} bwd ordered={ordered!s:5s} ok (rel. {max(errs):.1e})")
     print(f"{launched} launches of {launched} cuda kernel variants")
     return 0
 

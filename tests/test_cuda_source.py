@@ -14,6 +14,7 @@ import re
 
 import pytest
 
+from jax_bindings._cuda import bwd_source as bwd
 from jax_bindings._cuda import compiler
 from jax_bindings._cuda import source as gen
 
@@ -128,3 +129,43 @@ def test_cubins_are_cached_on_disk(cuda_compiler, tmp_path, monkeypatch):
 def test_a_compile_error_carries_the_log(cuda_compiler):
     with pytest.raises(compiler.CompileError, match="undefined|identifier"):
         cuda_compiler.compile(gen.source(0, 0).replace("fast_exp2(sc[i]", "no_such_fn(sc[i]"))
+
+
+BWD_VARIANTS = [  # (left, right, bwd_source kwargs): the bands of tests/cuda_cases.py's kinds
+    (None, None, {}),
+    (None, None, dict(dtype="float16", ordered=False)),
+    (None, 0, {}),
+    (None, 170, dict(dtype="float16")),
+    (1023, 0, {}),
+    (256, 256, dict(ordered=False)),
+    (40, -30, {}),
+    (-1, 60, dict(dtype="float16")),
+]
+
+
+@pytest.mark.parametrize("variant", BWD_VARIANTS, ids=_variant_id)
+def test_backward_variant_compiles_for_sm90a(cuda_compiler, variant):
+    """The backward's consumers hold dK and dV (128 fp32 registers) for the whole walk; ptxas
+    spills a few of their loop-invariant addresses (at most ~70 bytes): bounded here."""
+    left, right, kwargs = variant
+    image, log = cuda_compiler.compile(bwd.bwd_source(left, right, **kwargs), verbose=True)
+    assert image[:4] == b"\x7fELF", "not a cubin"
+    assert "warning" not in log.lower(), log
+    spills = int(re.search(r"(\d+) bytes spill stores", log).group(1))
+    assert spills <= 96, log
+    assert int(re.search(r"Used (\d+) registers", log).group(1)) <= 168, log
+
+
+def test_backward_shared_memory_and_names():
+    assert bwd.smem_bytes(2) <= gen.SMEM_LIMIT < bwd.smem_bytes(3)
+    a, b = (bwd.with_unique_name(bwd.bwd_source(None, 0, ordered=o)) for o in (True, False))
+    assert a[0] != b[0] and a[0].startswith("splat_bwd_") and bwd.KERNEL_NAME not in a[1]
+    assert "constexpr int LEFT = 1073741824, RIGHT = 0;" in a[1]
+
+
+@pytest.mark.parametrize("kwargs, name", [(dict(stages=0), "stages"), (dict(dtype="float32"), "dtype"),
+                                          (dict(left=1.5), "left"), (dict(right=True), "right")])
+def test_backward_bad_arguments_are_named(kwargs, name):
+    args = dict(left=None, right=0) | kwargs
+    with pytest.raises(ValueError, match=name):
+        bwd.bwd_source(args.pop("left"), args.pop("right"), **args)

@@ -40,6 +40,7 @@ class Launch:
       scalars: ``(type, value)`` of the scalar parameters, type in ``("i32", "fp32")``.
       outs: ``(shape, dtype name)`` of the array outputs.
       cc: compute capability the cubin is for (e.g. 90).
+      zeroed: indices (into ``outs``) of the outputs the kernel call zeroes before the launch.
     """
 
     name: str
@@ -50,6 +51,7 @@ class Launch:
     scalars: tuple[tuple[str, int | float], ...]
     outs: tuple[tuple[tuple[int, ...], str], ...]
     cc: int
+    zeroed: tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.threads % 32 or not 32 <= self.threads <= 1024:
@@ -59,6 +61,8 @@ class Launch:
         for t, _ in self.scalars:
             if t not in _SCALAR_TYPES:
                 raise ValueError(f"scalar type must be one of {_SCALAR_TYPES}, got {t!r}")
+        if any(not 0 <= i < len(self.outs) for i in self.zeroed):
+            raise ValueError(f"zeroed must index outs (0..{len(self.outs) - 1}), got {self.zeroed}")
 
 
 _p = jex.core.Primitive("splat_cuda_kernel")
@@ -77,7 +81,9 @@ def _lowering(ctx, *args, launch: Launch):
     arr = tk.create_array_parameter(0, 16)
     params = [arr] * len(args)
     params += [tk.create_scalar_parameter(int(v) if t == "i32" else float(v), t) for t, v in launch.scalars]
-    params += [arr] * len(launch.outs)
+    for i, (shape, dt) in enumerate(launch.outs):
+        nbytes = int(np.prod(shape)) * np.dtype(dt).itemsize if i in launch.zeroed else 0
+        params.append(tk.create_array_parameter(nbytes, 16))
     call = tk.TritonKernelCall(kernel, *launch.grid, params)
     proto = _kernel_proto.with_module_image(call.to_proto(launch.name, b""), lambda _ptx, _cc: launch.image)
     rule = jax.ffi.ffi_lowering("triton_kernel_call", api_version=2, backend_config=zlib.compress(proto))

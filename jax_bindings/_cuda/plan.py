@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import acsr
 from acsr import ACSR
-from jax_bindings._cuda import compiler, source, tensor_map
+from jax_bindings._cuda import bwd_source, compiler, source, tensor_map
 
 HEAD_DIMS = (source.D,)
 DTYPES = tuple(source.ELEMENTS)
@@ -50,8 +50,27 @@ class FwdVariant:
         return source.smem_bytes(self.stages, self.block_n)
 
 
-def fwd_variant(layout: ACSR, head_dim: int, dtype: str) -> FwdVariant:
-    """The forward kernel for this call, or NotImplementedError saying why none is generated."""
+@dataclass(frozen=True)
+class BwdVariant:
+    """One generated backward kernel (:mod:`jax_bindings._cuda.bwd_source`): the band baked in,
+    the Q/dO ring depth, and whether dQ is added in a fixed order (bit-identical reruns)."""
+
+    band: acsr.Band
+    dtype: str
+    stages: int = 2
+    ordered: bool = True
+
+    def named_source(self) -> tuple[str, str]:
+        return bwd_source.with_unique_name(bwd_source.bwd_source(
+            self.band.left, self.band.right, stages=self.stages, dtype=self.dtype, ordered=self.ordered))
+
+    @property
+    def smem(self) -> int:
+        return bwd_source.smem_bytes(self.stages)
+
+
+def _band(layout: ACSR, head_dim: int, dtype: str) -> acsr.Band:
+    """The layout's band, or NotImplementedError saying why no kernel is generated for the call."""
     if head_dim not in HEAD_DIMS:
         raise NotImplementedError(f"the cuda kernels take head dim {HEAD_DIMS}, got {head_dim}")
     if dtype not in DTYPES:
@@ -60,12 +79,23 @@ def fwd_variant(layout: ACSR, head_dim: int, dtype: str) -> FwdVariant:
     if band is None:
         family = acsr.pattern_family(layout)
         raise NotImplementedError(f"the cuda kernels take one-band masks; this one is {family}")
+    return band
+
+
+def bwd_variant(layout: ACSR, head_dim: int, dtype: str) -> BwdVariant:
+    """The backward kernel for this call, or NotImplementedError saying why none is generated."""
+    return BwdVariant(_band(layout, head_dim, dtype), dtype)
+
+
+def fwd_variant(layout: ACSR, head_dim: int, dtype: str) -> FwdVariant:
+    """The forward kernel for this call, or NotImplementedError saying why none is generated."""
+    band = _band(layout, head_dim, dtype)
     dense = band.left is None and band.right is None
     return FwdVariant(band, dtype, block_n=176 if dense else source.BN, persistent=band.left is not None)
 
 
 @functools.lru_cache(maxsize=64)
-def compiled(variant: FwdVariant) -> tuple[str, bytes]:
+def compiled(variant: FwdVariant | BwdVariant) -> tuple[str, bytes]:
     """``(kernel name, cubin)`` of ``variant`` (compiled once per process; disk-cached across them)."""
     name, text = variant.named_source()
     return name, compiler.cubin(text)
@@ -88,3 +118,16 @@ def tensor_maps(block_n: int, q_shape, k_shape, v_shape) -> bytes:
         tensor_map.bshd_template(tuple(shape), rows)
         for shape, rows in ((k_shape, block_n), (v_shape, block_n), (q_shape, source.BM))
     )
+
+
+def bwd_grid(k_shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """CTAs of the backward over ``k [B, Skv, Hkv, D]``: (key blocks, KV heads, batch)."""
+    B, Skv, Hkv, _ = k_shape
+    return -(-Skv // bwd_source.BN), Hkv, B
+
+
+def bwd_tensor_maps(q_shape, k_shape) -> bytes:
+    """The K, V, Q and dO tensor-map templates of the backward, 128 bytes each."""
+    kv = tensor_map.bshd_template(tuple(k_shape), bwd_source.BN)
+    qdo = tensor_map.bshd_template(tuple(q_shape), bwd_source.BM)
+    return kv + kv + qdo + qdo

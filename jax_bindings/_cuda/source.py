@@ -47,7 +47,7 @@ PRODUCER_WARPS = 4
 PRODUCER_REGS, CONSUMER_REGS = 24, 240
 THREADS = (CONSUMER_WARPS + PRODUCER_WARPS) * 32
 KERNEL_NAME = "splat_fwd_wgmma"
-_UNBOUNDED = 1 << 30
+UNBOUNDED = 1 << 30
 FEEDS = {"cp.async": 0, "tma": 1, "none": 2}
 
 
@@ -62,24 +62,26 @@ def smem_bytes(stages: int, block_n: int = BN) -> int:
     return BM * D * 2 + 2 * stages * tile + -(-(32 * stages + 16) // 128) * 128 + 384 + 1024
 
 
-def _wgmma_ss(n: int) -> str:
-    """``wgmma`` m64n{n}k16, A and B from shared memory (K-major), fp32 accumulators ``d``."""
+def wgmma_ss(n: int, transposed: bool = False) -> str:
+    """``wgmma`` m64n{n}k16, A and B from shared memory, fp32 accumulators ``d``: both K-major
+    (``wgmma_ss_{n}``), or, ``transposed``, both MN-major (``wgmma_ss_t_{n}``)."""
     regs = n // 2
     outs = ", ".join(f"%{i}" for i in range(regs))
     operands = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    name, tr = (f"wgmma_ss_t_{n}", "1, 1") if transposed else (f"wgmma_ss_{n}", "0, 0")
     return f"""
-__device__ __forceinline__ void wgmma_ss_{n}(float* d, uint64_t a, uint64_t b, int accumulate) {{
+__device__ __forceinline__ void {name}(float* d, uint64_t a, uint64_t b, int accumulate) {{
   asm volatile(
     "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"
     "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.__ELEM__.__ELEM__ {{{outs}}}, "
-    "%{regs}, %{regs + 1}, p, 1, 1, 0, 0;\\n}}\\n"
+    "%{regs}, %{regs + 1}, p, 1, 1, {tr};\\n}}\\n"
     : {operands}
     : "l"(a), "l"(b), "r"(accumulate));
 }}
 """
 
 
-def _wgmma_rs(n: int) -> str:
+def wgmma_rs(n: int) -> str:
     """``wgmma`` m64n{n}k16, A from registers, B from shared memory MN-major (transposed)."""
     regs = n // 2
     outs = ", ".join(f"%{i}" for i in range(regs))
@@ -95,7 +97,7 @@ __device__ __forceinline__ void wgmma_rs_{n}(float* d, const uint32_t* a, uint64
 """
 
 
-_HELPERS = r"""
+HELPERS = r"""
 #ifdef __CUDACC_RTC__
 typedef unsigned char uint8_t;
 typedef unsigned short uint16_t;
@@ -559,7 +561,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
 
 
 def bound(x: int | None) -> int:
-    return _UNBOUNDED if x is None else int(x)
+    return UNBOUNDED if x is None else int(x)
 
 
 ELEMENTS = {"bfloat16": "bf16", "float16": "f16"}  # input dtype -> PTX element type
@@ -595,12 +597,12 @@ def source(left: int | None, right: int | None, *, stages: int = 2, overlap: boo
     if dtype not in ELEMENTS:
         raise ValueError(f"dtype must be one of {sorted(ELEMENTS)}, got {dtype!r}")
     for name, x in (("left", left), ("right", right)):
-        if x is not None and (isinstance(x, bool) or not isinstance(x, int) or abs(x) >= _UNBOUNDED):
+        if x is not None and (isinstance(x, bool) or not isinstance(x, int) or abs(x) >= UNBOUNDED):
             raise ValueError(f"{name} must be an int of magnitude < 2**30 or None, got {x!r}")
     subs = {
         "__BM__": BM, "__BN__": block_n, "__D__": D, "__STAGES__": stages, "__LEFT__": bound(left),
         "__RIGHT__": bound(right), "__THREADS__": THREADS, "__NAME__": KERNEL_NAME,
-        "__UNBOUNDED__": _UNBOUNDED, "__CONSUMER_WARPS__": CONSUMER_WARPS, "__V_LEAD__": block_n * 128,
+        "__UNBOUNDED__": UNBOUNDED, "__CONSUMER_WARPS__": CONSUMER_WARPS, "__V_LEAD__": block_n * 128,
         "__V_STRIDE__": 1024, "__OVERLAP__": str(overlap).lower(),
         "__PINGPONG__": str(pingpong).lower(), "__PRODUCER_WARPS__": PRODUCER_WARPS,
         "__FEED__": FEEDS[feed], "__PROXY_FENCE__": str(feed == "cp.async" if proxy_fence is None
@@ -608,18 +610,18 @@ def source(left: int | None, right: int | None, *, stages: int = 2, overlap: boo
         "__PERSISTENT__": str(persistent).lower(), "__SLOT_BYTES__": SLOT_BYTES,
         "__PRODUCER_REGS__": PRODUCER_REGS, "__CONSUMER_REGS__": CONSUMER_REGS, "__ELEM__": ELEMENTS[dtype],
     }
-    text = _HELPERS + _wgmma_ss(block_n) + _wgmma_rs(D) + _KERNEL
+    text = HELPERS + wgmma_ss(block_n) + wgmma_rs(D) + _KERNEL
     for key, val in subs.items():
         text = text.replace(key, str(val))
     return text
 
 
-def with_unique_name(text: str) -> tuple[str, str]:
-    """``(name, text)``: the kernel renamed ``splat_fwd_<digest of the source>``.
+def with_unique_name(text: str, kernel: str = KERNEL_NAME, prefix: str = "splat_fwd") -> tuple[str, str]:
+    """``(name, text)``: the kernel ``kernel`` renamed ``<prefix>_<digest of the source>``.
 
     jaxlib keeps the modules it loaded keyed by kernel name, shared memory and PTX; a kernel
     handed over as a cubin has no PTX, so two variants of one name and shared-memory size would
     share the first one loaded. A name derived from the source tells every variant apart.
     """
-    name = f"splat_fwd_{hashlib.sha256(text.encode()).hexdigest()[:20]}"
-    return name, text.replace(KERNEL_NAME, name)
+    name = f"{prefix}_{hashlib.sha256(text.encode()).hexdigest()[:20]}"
+    return name, text.replace(kernel, name)

@@ -1,0 +1,362 @@
+"""CUDA C++ source of a Hopper (sm_90a) attention backward, written for a diagonal band baked in.
+
+The backward of :mod:`jax_bindings._cuda.source`'s forward, from the same helpers. One CTA owns
+``BN = 128`` keys of one (batch, KV head) and walks the query blocks of ``BM = 64`` rows that
+see any of them, for every query head of its GQA group:
+
+* warps 0-7 are two consumer warpgroups, warpgroup ``w`` owning keys ``64 w .. 64 w + 63``:
+  ``S^T = K Q^T`` and ``dP^T = V dO^T`` (``wgmma`` m64n64k16 from shared memory),
+  ``P^T = exp2(S^T * scale log2(e) - lse log2(e))`` masked to the band,
+  ``dS^T = P^T (dP^T - delta)``; then ``dV += P^T dO`` and ``dK += dS^T Q`` with P and dS from
+  registers (m64n128k16; the accumulators stay in registers for the whole walk, so dK and dV
+  are summed over the group's heads in a fixed order), and ``dQ = dS K`` over all 128 keys from
+  dS stored to shared memory (both operands MN-major), warpgroup ``w`` taking head-dim columns
+  ``64 w .. 64 w + 63``;
+* warps 8-11 are the producer warpgroup: warp 8 loads K and V once (TMA), then per step Q and
+  dO (TMA) and the step's 64 ``lse`` and ``delta`` values (bulk copies) into a ring of
+  ``stages`` buffers; warp 9 writes dQ (below);
+* dQ is a sum over key blocks, so CTAs add their part to an fp32 buffer in global memory: the
+  consumers leave each step's dQ in shared memory and a dQ writer warp (in the producer
+  warpgroup) adds it with bulk reductions while they go on. With ``ordered`` (the default) the
+  additions to one query block come in a fixed order, the key block seeing the furthest keys
+  first, each waiting on a per-block counter for its turn: the result is bit-identical from run
+  to run. A CTA waits only on a CTA that started before it (each takes its key block from a
+  ticket counter at start, a head's last key block first), so the waits cannot deadlock.
+  ``ordered=False`` adds in any order (not reproducible bit for bit) and exists to measure what
+  the order costs.
+
+Mask: as the forward's, ``i - left <= j <= i + right``, ``0 <= j < Skv``. Inputs ``q, dout
+[B, Sq, H, D]``, ``k, v [B, Skv, Hkv, D]`` (bf16 or fp16, ``D = 128``), ``lse2 [B, H, Sq_pad]``
+(the forward's lse times log2(e); ``+inf`` on a row with no key and on the padding to
+``Sq_pad``, a multiple of 64), ``delta [B, H, Sq_pad]`` (rowsum(dout * out), 0 on the padding).
+Outputs ``dk``, ``dv`` like k, v (dk times ``scale``), ``dq_acc [B, Sq, H, D]`` fp32 without the
+scale, zeroed before the launch like ``sem`` (int32: a ticket counter, then a turn counter per
+(batch, head, query block)), and the CTAs' tensor-map slots. Parameters, in jaxlib's order:
+``q, k, v, dout, lse2, delta, tmap_templates, Sq, Skv, H, Hkv, B, scale_log2, scale, dk, dv,
+dq_acc, sem, tmap_slots``.
+"""
+
+from __future__ import annotations
+
+from jax_bindings._cuda import source
+
+BM, BN, D = 64, 128, source.D
+THREADS = source.THREADS
+KERNEL_NAME = "splat_bwd_wgmma"
+SLOT_BYTES = 512  # K, V, Q and dO tensor maps of a CTA
+STAT_BYTES = 2 * BM * 4  # one step's lse and delta
+
+
+# bytes between the rows of a step's dQ in shared memory: a row and 32 bytes, so a warp's
+# fragment stores take 2 wavefronts
+DQ_STRIDE = D * 4 + 32
+
+
+def smem_bytes(stages: int) -> int:
+    """K and V, ``stages`` Q/dO buffers with their lse/delta, two dS^T buffers, a step's dQ, the
+    mbarriers and the ticket (padded to 128), four tensor-map staging buffers, 1 KiB for alignment."""
+    kv, qdo, ds = 2 * BN * D * 2, 2 * BM * D * 2, BN * BM * 2
+    bars = -(-(8 * (3 + 2 * stages) + 16) // 128) * 128
+    return kv + stages * (qdo + STAT_BYTES) + 2 * ds + BM * DQ_STRIDE + bars + 4 * 128 + 1024
+
+
+def num_q_blocks(sq: int) -> int:
+    return -(-sq // BM)
+
+
+def sem_words(b: int, h: int, sq: int) -> int:
+    """int32 words of the ``sem`` output: the ticket, then a turn counter per query block and head."""
+    return 1 + b * h * num_q_blocks(sq)
+
+
+_HELPERS = r"""
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+// adds `bytes` of fp32 from shared memory to global memory (an async bulk reduction)
+__device__ __forceinline__ void bulk_reduce_add(float* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;"
+               :: "l"(dst), "r"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void red_release_inc(int* p) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], 1;" :: "l"(p) : "memory");
+}
+__device__ __forceinline__ int floor_div(int x, int d) { return x >= 0 ? x / d : -((-x + d - 1) / d); }
+"""
+
+_KERNEL = r"""
+constexpr int BM = __BM__, BN = __BN__, HD = __D__, STAGES = __STAGES__;
+constexpr int LEFT = __LEFT__, RIGHT = __RIGHT__;  // key j seen by row i: i - LEFT <= j <= i + RIGHT
+constexpr bool ORDERED = __ORDERED__;
+constexpr uint32_t KVTILE = BN * HD * 2, QTILE = BM * HD * 2, DSTILE = BN * BM * 2, STAT = 2 * BM * 4;
+constexpr uint32_t DQ_STRIDE = __DQ_STRIDE__;
+
+extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
+    const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
+    const uint16_t* __restrict__ dout, const float* __restrict__ lse2, const float* __restrict__ delta,
+    const uint8_t* __restrict__ tmap_templates, int Sq, int Skv, int H, int Hkv, int B, float scale_log2,
+    float scale, uint16_t* __restrict__ dk, uint16_t* __restrict__ dv, float* __restrict__ dq_acc,
+    int* __restrict__ sem, uint8_t* __restrict__ tmap_slots) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* smem = (uint8_t*)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+  const uint32_t s_k = smem_addr(smem), s_v = s_k + KVTILE;
+  auto s_q = [&](int s) { return s_k + 2 * KVTILE + s * 2 * QTILE; };
+  auto s_do = [&](int s) { return s_q(s) + QTILE; };
+  const uint32_t s_ds0 = s_k + 2 * KVTILE + STAGES * 2 * QTILE;
+  auto s_ds = [&](int buf) { return s_ds0 + buf * DSTILE; };
+  const uint32_t s_dq = s_ds0 + 2 * DSTILE;  // dQ of a step, fp32, rows DQ_STRIDE bytes apart
+  const uint32_t s_stat0 = s_dq + BM * DQ_STRIDE;
+  auto s_stat = [&](int s) { return s_stat0 + s * STAT; };
+  const uint32_t s_bar = s_stat0 + STAGES * STAT;
+  const uint32_t kv_full = s_bar, dq_full = s_bar + 8, dq_empty = s_bar + 16;
+  auto full = [&](int s) { return s_bar + 8 * (3 + s); };
+  auto empty = [&](int s) { return s_bar + 8 * (3 + STAGES + s); };
+  int* ticket_smem = (int*)(smem + (s_bar + 8 * (3 + 2 * STAGES) - s_k));
+  uint8_t* tmap_stage = smem + (s_bar - s_k) + (8 * (3 + 2 * STAGES) + 16 + 127) / 128 * 128;  // 4 x 128
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  if (tid == 0) {
+    mbar_init(kv_full, 1);
+    mbar_init(dq_full, __CONSUMER_WARPS__);
+    mbar_init(dq_empty, 1);
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(full(s), 1);
+      mbar_init(empty(s), __CONSUMER_WARPS__);
+    }
+    // the CTA's place in start order: a CTA waits only on CTAs with a smaller ticket
+    *ticket_smem = atomicAdd(sem, 1);
+  }
+  __syncthreads();
+  const int nkv = (Skv + BN - 1) / BN, ticket = *ticket_smem;
+  const int j = nkv - 1 - ticket % nkv, hk = (ticket / nkv) % Hkv, b = ticket / (nkv * Hkv);
+  const int n0 = j * BN, G = H / Hkv, nq = (Sq + BM - 1) / BM, sq_pad = nq * BM;
+  // the query rows that see a key of the block (keys past Skv included: masked), in blocks of BM
+  int lo = 0, hi = Sq - 1;
+  if (RIGHT < __UNBOUNDED__) lo = max(lo, n0 - RIGHT);
+  if (LEFT < __UNBOUNDED__) hi = min(hi, n0 + BN - 1 + LEFT);
+  const int i_lo = lo / BM, n_i = lo <= hi ? hi / BM - i_lo + 1 : 0, n_steps = n_i * G;
+
+  if (warp >= __CONSUMER_WARPS__) {
+    // ---- producer: K, V once; Q, dO, lse, delta per step ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 __PRODUCER_REGS__;" ::: "memory");
+    if (warp > __CONSUMER_WARPS__ + 1 || n_steps == 0) return;
+    if (warp == __CONSUMER_WARPS__ + 1) {
+      // ---- dQ writer: each step's dQ from shared memory into dq_acc, in the key blocks' order ----
+      for (int t = 0; t < n_steps; ++t) {
+        const int h = hk * G + t / n_i, i = i_lo + t % n_i, m0 = i * BM;
+        int* turn = sem + 1 + ((size_t)b * H + h) * nq + i;
+        mbar_wait(dq_full, t & 1);
+        if (ORDERED) {
+          int j_last = nkv - 1;  // the last key block that sees query block i: it adds first
+          if (RIGHT < __UNBOUNDED__) j_last = min(j_last, floor_div(RIGHT + min(m0 + BM - 1, Sq - 1), BN));
+          if (lane == 0)
+            while (ld_acquire(turn) != j_last - j) {
+            }
+          __syncwarp();
+        }
+        for (int r = lane; r < BM && m0 + r < Sq; r += 32)
+          bulk_reduce_add(dq_acc + (((size_t)b * Sq + m0 + r) * H + h) * HD, s_dq + r * DQ_STRIDE, HD * 4);
+        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+        // the buffer is free once read; the turn passes once the additions are done
+        asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+        __syncwarp();
+        if (lane == 0) mbar_arrive(dq_empty);
+        if (ORDERED) {
+          asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+          asm volatile("fence.acq_rel.gpu;" ::: "memory");
+          __syncwarp();
+          if (lane == 0) red_release_inc(turn);
+        }
+      }
+      asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+      return;
+    }
+    const size_t cta = ((size_t)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+    uint8_t* gk = tmap_slots + cta * __SLOT_BYTES__;
+    uint8_t *gv = gk + 128, *gq = gk + 256, *gdo = gk + 384;
+    publish_tmap(gk, tmap_templates, tmap_stage, k, lane);
+    publish_tmap(gv, tmap_templates + 128, tmap_stage + 128, v, lane);
+    publish_tmap(gq, tmap_templates + 256, tmap_stage + 256, q, lane);
+    publish_tmap(gdo, tmap_templates + 384, tmap_stage + 384, dout, lane);
+    if (lane != 0) return;
+    mbar_expect_tx(kv_full, 2 * KVTILE);
+    tma_load_4d(s_k, gk, kv_full, 0, hk, n0, b);
+    tma_load_4d(s_k + BN * 128, gk, kv_full, 64, hk, n0, b);
+    tma_load_4d(s_v, gv, kv_full, 0, hk, n0, b);
+    tma_load_4d(s_v + BN * 128, gv, kv_full, 64, hk, n0, b);
+    for (int t = 0; t < n_steps; ++t) {
+      const int h = hk * G + t / n_i, m0 = (i_lo + t % n_i) * BM, s = t % STAGES;
+      if (t >= STAGES) mbar_wait(empty(s), ((t / STAGES) & 1) ^ 1);
+      mbar_expect_tx(full(s), 2 * QTILE + STAT);
+      tma_load_4d(s_q(s), gq, full(s), 0, h, m0, b);
+      tma_load_4d(s_q(s) + BM * 128, gq, full(s), 64, h, m0, b);
+      tma_load_4d(s_do(s), gdo, full(s), 0, h, m0, b);
+      tma_load_4d(s_do(s) + BM * 128, gdo, full(s), 64, h, m0, b);
+      const size_t row = ((size_t)b * H + h) * sq_pad + m0;
+      bulk_load(s_stat(s), lse2 + row, BM * 4, full(s));
+      bulk_load(s_stat(s) + BM * 4, delta + row, BM * 4, full(s));
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 __CONSUMER_REGS__;" ::: "memory");
+  // ---- consumers: warpgroup wg owns keys n0 + 64 wg .. + 63 ----
+  const int wg = warp / 4;
+  const int key0 = n0 + 64 * wg + 16 * (warp % 4) + lane / 4;  // fragment rows: key0 and key0 + 8
+  float dvac[64], dkac[64];
+#pragma unroll
+  for (int e = 0; e < 64; ++e) dvac[e] = dkac[e] = 0.f;
+
+  if (n_steps > 0) {
+  mbar_wait(kv_full, 0);
+  for (int t = 0; t < n_steps; ++t) {
+    const int m0 = (i_lo + t % n_i) * BM, s = t % STAGES, buf = t & 1;
+    float st[32], dpt[32], dq[32];
+    uint32_t p[16], ds[16];
+    mbar_wait(full(s), (t / STAGES) & 1);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      const uint32_t a = (kk >> 2) * BN * 128 + wg * 64 * 128 + (kk & 3) * 32;
+      const uint32_t bq = (kk >> 2) * BM * 128 + (kk & 3) * 32;
+      wgmma_ss_64(st, smem_desc(s_k + a, 16, 1024), smem_desc(s_q(s) + bq, 16, 1024), kk > 0);
+    }
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      const uint32_t a = (kk >> 2) * BN * 128 + wg * 64 * 128 + (kk & 3) * 32;
+      const uint32_t bq = (kk >> 2) * BM * 128 + (kk & 3) * 32;
+      wgmma_ss_64(dpt, smem_desc(s_v + a, 16, 1024), smem_desc(s_do(s) + bq, 16, 1024), kk > 0);
+    }
+    wgmma_commit();
+    const float* lse_s = reinterpret_cast<const float*>(smem + (s_stat(s) - s_k));
+    const float* delta_s = lse_s + BM;
+    // P^T: rows are keys key0 (+8), columns queries m0 + c
+    bool edge = n0 + 64 * wg + 63 >= Skv;
+    if (LEFT < __UNBOUNDED__) edge |= n0 + 64 * wg < m0 + BM - 1 - LEFT;
+    if (RIGHT < __UNBOUNDED__) edge |= n0 + 64 * wg + 63 > m0 + RIGHT;
+    wgmma_wait<1>();
+    fence_regs<32>(st);
+#pragma unroll
+    for (int e = 0; e < 32; ++e) {
+      const int c = (e / 4) * 8 + 2 * (lane % 4) + (e % 2);
+      float x = fast_exp2(st[e] * scale_log2 - lse_s[c]);
+      if (edge) {
+        const int key = key0 + 8 * ((e / 2) % 2), row = m0 + c;
+        bool ok = key < Skv;
+        if (LEFT < __UNBOUNDED__) ok &= key >= row - LEFT;
+        if (RIGHT < __UNBOUNDED__) ok &= key <= row + RIGHT;
+        if (!ok) x = 0.f;
+      }
+      st[e] = x;
+    }
+#pragma unroll
+    for (int e = 0; e < 32; e += 2) p[e / 2] = pack2(st[e], st[e + 1]);
+    wgmma_wait<0>();
+    fence_regs<32>(dpt);
+#pragma unroll
+    for (int e = 0; e < 32; ++e) {
+      const int c = (e / 4) * 8 + 2 * (lane % 4) + (e % 2);
+      dpt[e] = st[e] * (dpt[e] - delta_s[c]);
+    }
+#pragma unroll
+    for (int e = 0; e < 32; e += 2) ds[e / 2] = pack2(dpt[e], dpt[e + 1]);
+    // dS^T to shared memory: row = key (128 of them), 64 query columns = one 128-byte swizzled row
+#pragma unroll
+    for (int e = 0; e < 32; e += 2) {
+      const int r = 64 * wg + 16 * (warp % 4) + lane / 4 + 8 * ((e / 2) % 2);
+      const int c = (e / 4) * 8 + 2 * (lane % 4);
+      const uint32_t addr = s_ds(buf) + r * 128 + ((((c >> 3) ^ (r & 7)) << 4) | ((c & 7) * 2));
+      asm volatile("st.shared.b32 [%0], %1;" :: "r"(addr), "r"(ds[e / 2]) : "memory");
+    }
+    fence_async_smem_always();
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk)
+      wgmma_rs_128(dvac, p + 4 * kk, smem_desc(s_do(s) + kk * 16 * 128, BM * 128, 1024));
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk)
+      wgmma_rs_128(dkac, ds + 4 * kk, smem_desc(s_q(s) + kk * 16 * 128, BM * 128, 1024));
+    wgmma_commit();
+    named_sync(1, 256);  // both warpgroups' dS^T are stored
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+      wgmma_ss_t_64(dq, smem_desc(s_ds(buf) + kk * 16 * 128, BN * 128, 1024),
+                    smem_desc(s_k + wg * BN * 128 + kk * 16 * 128, BN * 128, 1024), kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs<64>(dvac);
+    fence_regs<64>(dkac);
+    fence_regs<32>(dq);
+    if (lane == 0) mbar_arrive(empty(s));
+    // dQ rows m0 + r, columns 64 wg + c, to shared memory for the writer (once it took the last)
+    if (t > 0) mbar_wait(dq_empty, (t - 1) & 1);
+#pragma unroll
+    for (int e = 0; e < 32; e += 2) {
+      const int r = 16 * (warp % 4) + lane / 4 + 8 * ((e / 2) % 2);
+      const int c = 64 * wg + (e / 4) * 8 + 2 * (lane % 4);
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};" :: "r"(s_dq + r * DQ_STRIDE + c * 4), "f"(dq[e]),
+                   "f"(dq[e + 1]) : "memory");
+    }
+    fence_async_smem_always();
+    __syncwarp();
+    if (lane == 0) mbar_arrive(dq_full);
+  }
+  }
+
+  // ---- epilogue: dK (times scale) and dV rows key0, key0 + 8 ----
+#pragma unroll
+  for (int x = 0; x < 2; ++x) {
+    const int key = key0 + 8 * x;
+    if (key >= Skv) continue;
+    const size_t off = (((size_t)b * Skv + key) * Hkv + hk) * HD;
+#pragma unroll
+    for (int e = 2 * x; e < 64; e += 4) {
+      const int c = (e / 4) * 8 + 2 * (lane % 4);
+      *reinterpret_cast<uint32_t*>(dk + off + c) = pack2(dkac[e] * scale, dkac[e + 1] * scale);
+      *reinterpret_cast<uint32_t*>(dv + off + c) = pack2(dvac[e], dvac[e + 1]);
+    }
+  }
+}
+"""
+
+
+def bwd_source(left: int | None, right: int | None, *, stages: int = 2, dtype: str = "bfloat16",
+               ordered: bool = True) -> str:
+    """The backward kernel's CUDA C++ for the mask ``i - left <= j <= i + right`` (``None``: unbounded).
+
+    ``stages``: depth of the Q/dO ring; ``ordered``: dQ added in a fixed order (bit-identical
+    reruns) rather than as it comes (see the module docstring).
+    """
+    if stages < 1:
+        raise ValueError(f"stages must be >= 1, got {stages}")
+    if dtype not in source.ELEMENTS:
+        raise ValueError(f"dtype must be one of {sorted(source.ELEMENTS)}, got {dtype!r}")
+    for name, x in (("left", left), ("right", right)):
+        if x is not None and (isinstance(x, bool) or not isinstance(x, int) or abs(x) >= source.UNBOUNDED):
+            raise ValueError(f"{name} must be an int of magnitude < 2**30 or None, got {x!r}")
+    subs = {
+        "__BM__": BM, "__BN__": BN, "__D__": D, "__STAGES__": stages, "__LEFT__": source.bound(left),
+        "__RIGHT__": source.bound(right), "__ORDERED__": str(ordered).lower(), "__THREADS__": THREADS,
+        "__NAME__": KERNEL_NAME, "__UNBOUNDED__": source.UNBOUNDED,
+        "__CONSUMER_WARPS__": source.CONSUMER_WARPS, "__SLOT_BYTES__": SLOT_BYTES, "__DQ_STRIDE__": DQ_STRIDE,
+        "__PRODUCER_REGS__": source.PRODUCER_REGS, "__CONSUMER_REGS__": source.CONSUMER_REGS,
+        "__ELEM__": source.ELEMENTS[dtype],
+    }
+    text = (source.HELPERS + _HELPERS + source.wgmma_ss(64) + source.wgmma_ss(64, transposed=True)
+            + source.wgmma_rs(D) + _KERNEL)
+    for key, val in subs.items():
+        text = text.replace(key, str(val))
+    return text
+
+
+def with_unique_name(text: str) -> tuple[str, str]:
+    """``(name, text)``: the kernel renamed ``splat_bwd_<digest>`` (see :func:`source.with_unique_name`)."""
+    return source.with_unique_name(text, KERNEL_NAME, "splat_bwd")
