@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""Spike: the cuda backend's generated backward against splat's Triton backward and FlashAttention-3.
+
+One process, one H100/H200, bf16, B=1, H=16, D=128: for each one-band mask and S,
+* the backward alone (given ``out`` and ``lse`` of the cuda forward): the cuda kernel with dQ added
+  in a fixed order (the default: bit-identical reruns) and in arrival order, and the Triton
+  backend's backward;
+* forward+backward (one ``jax.vjp``): cuda forward + cuda backward, cuda forward + Triton
+  backward, and FA3's ``flash_mha``;
+each as 10 calls chained in one jitted program (the gradient fed back as the next call's
+cotangent). Gradients of every route are checked against the ordered cuda one.
+
+    python3 benchmarks/spike_cuda_bwd.py [--lengths 8192 16384] [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_bindings._cuda import backend as cb
+from jax_bindings._cuda import plan
+from jax_bindings._triton import backend as tb
+from splat import masks
+from splat.tools import peers, timing
+
+D, H = 128, 16
+SCALE = D**-0.5
+MASKS = {
+    "full": masks.full(),
+    "causal": masks.causal(),
+    "causal_window_1024": masks.sliding_window(1023, 0),
+    "sliding_window_256": masks.sliding_window(256, 256),
+}
+
+
+def _ms(fn, args, feed, n=10) -> float:
+    _, launch, sync = timing.compile_timed(fn, args, n, feed)
+    return timing.time_call(None, 2, 5, launch=launch, sync=sync, per_sample=n, calls_per_launch=n)["ms"]
+
+
+def _bwd_cuda(layout, ordered: bool):
+    variant = dataclasses.replace(plan.bwd_variant(layout, D, "bfloat16"), ordered=ordered)
+    name, image = plan.compiled(variant)
+
+    def fn(do, q, k, v, out, lse):
+        maps = plan.bwd_tensor_maps(q.shape, k.shape)
+        return cb.run_backward(name, image, variant.smem, maps, q, k, v, out, lse, do, SCALE)
+
+    return fn
+
+
+def _bwd_triton(layout):
+    def fn(do, q, k, v, out, lse):
+        return tb.attention_bwd(q, k, v, None, out, lse, do, layout, SCALE)
+
+    return fn
+
+
+def _cuda_fwd_then(layout, bwd):
+    """The cuda forward, differentiable through ``bwd(do, q, k, v, out, lse) -> (dq, dk, dv)``."""
+
+    @jax.custom_vjp
+    def attn(q, k, v):
+        return cb.attention_fwd(q, k, v, None, layout, SCALE)[0]
+
+    def fwd(q, k, v):
+        out, lse = cb.attention_fwd(q, k, v, None, layout, SCALE)
+        return out, (q, k, v, out, lse)
+
+    def back(res, do):
+        return tuple(bwd(do, *res))
+
+    attn.defvjp(fwd, back)
+    return attn
+
+
+def _fwd_bwd(attn):
+    def fn(q, k, v, do):
+        out, vjp = jax.vjp(attn, q, k, v)
+        return out, vjp(do)
+
+    return fn
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--lengths", type=int, nargs="+", default=[8192, 16384])
+    p.add_argument("--masks", nargs="+", default=list(MASKS))
+    p.add_argument("--out", default=None)
+    a = p.parse_args(argv)
+    try:
+        from flash_attn3_jax import flash_mha as fa3
+    except ImportError:
+        fa3 = None
+
+    dev = jax.devices()[0].device_kind
+    rows = []
+    for S in a.lengths:
+        key = jax.random.split(jax.random.key(S), 4)
+        q, k, v, do = (jax.random.normal(x, (1, S, H, D), jnp.bfloat16) for x in key)
+        for mname in a.masks:
+            layout = MASKS[mname].to_acsr(S, S)
+            fwd_flops = 4 * H * layout.nnz * D
+            out, lse = jax.jit(lambda q, k, v, layout=layout: cb.attention_fwd(q, k, v, None, layout, SCALE))(
+                q, k, v)
+            row = {"mask": mname, "S": S}
+            bwds = {"cuda": _bwd_cuda(layout, True), "cuda_unordered": _bwd_cuda(layout, False),
+                    "triton": _bwd_triton(layout)}
+            grads = {n: [np.asarray(g, np.float32) for g in jax.jit(f)(do, q, k, v, out, lse)]
+                     for n, f in bwds.items()}
+            for n, g in grads.items():
+                pairs = zip(g, grads["cuda"], strict=True)
+                row[f"{n}_bwd_max_diff"] = max(float(np.abs(x - y).max()) for x, y in pairs)
+            for n, f in bwds.items():
+                ms = _ms(f, (do, q, k, v, out, lse), {0: 0})
+                row[f"{n}_bwd_ms"], row[f"{n}_bwd_tflops"] = ms, 2.5 * fwd_flops / ms * 1e-9
+            fb = {
+                "cuda": _fwd_bwd(_cuda_fwd_then(layout, bwds["cuda"])),
+                "cuda_fwd_triton_bwd": _fwd_bwd(_cuda_fwd_then(layout, bwds["triton"])),
+            }
+            if fa3 is not None:
+                kw = peers.flash_attn3_arguments(layout)
+                fb["fa3"] = _fwd_bwd(lambda q, k, v, kw=kw: fa3(q, k, v, softmax_scale=SCALE, **kw))
+            for n, f in fb.items():
+                ms = _ms(f, (q, k, v, do), {0: 0, 3: 1})
+                row[f"{n}_fwdbwd_ms"], row[f"{n}_fwdbwd_tflops"] = ms, 3.5 * fwd_flops / ms * 1e-9
+            if "fa3_fwdbwd_ms" in row:
+                row["cuda_fwdbwd_x_fa3"] = row["fa3_fwdbwd_ms"] / row["cuda_fwdbwd_ms"]
+            row["cuda_bwd_x_triton"] = row["triton_bwd_ms"] / row["cuda_bwd_ms"]
+            row["ordered_cost"] = row["cuda_bwd_ms"] / row["cuda_unordered_bwd_ms"]
+            rows.append(row)
+            shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}
+            print(json.dumps(shown), flush=True)
+    doc = {"schema": "splat-spike-cuda-bwd/1", "device": dev,
+           "date": datetime.datetime.now().isoformat(timespec="seconds"),
+           "settings": {"B": 1, "H": H, "D": D, "dtype": "bfloat16", "chained_calls": 10,
+                        "flops": "useful: forward 4*H*nnz*D; backward 2.5x, forward+backward 3.5x that"},
+           "rows": rows}
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(doc, f, indent=1)
+    print(f"{'mask':>20} {'S':>6} {'bwd cuda':>9} {'unord.':>7} {'triton':>7} | {'f+b cuda':>9} "
+          f"{'c+tri':>7} {'fa3':>7} {'x fa3':>6}")
+    nan = float("nan")
+    for r in rows:
+        print(f"{r['mask']:>20} {r['S']:>6} {r['cuda_bwd_tflops']:9.1f} "
+              f"{r['cuda_unordered_bwd_tflops']:7.1f} {r['triton_bwd_tflops']:7.1f} | "
+              f"{r['cuda_fwdbwd_tflops']:9.1f} {r['cuda_fwd_triton_bwd_fwdbwd_tflops']:7.1f} "
+              f"{r.get('fa3_fwdbwd_tflops', nan):7.1f} {r.get('cuda_fwdbwd_x_fa3', nan):6.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
