@@ -73,15 +73,21 @@ def _refuse_extras(runtime, soft_cap) -> None:
         raise NotImplementedError("the cuda kernels take no logits soft-cap")
 
 
+def _ctas(grid: tuple[int, int, int], slot_bytes: int) -> int:
+    """CTAs of ``grid``; refuses a grid whose tensor-map slots (``slot_bytes`` each) need 2 GiB."""
+    n = grid[0] * grid[1] * grid[2]
+    if n * slot_bytes >= 2**31:
+        raise NotImplementedError(f"grid {grid}: its tensor-map slots would need 2**31 bytes or more")
+    return n
+
+
 def run_forward(name: str, image: bytes, grid: tuple[int, int, int], smem: int, maps: bytes, q, k, v,
                 scale: float):
     """``(out, lse)`` of the forward kernel ``name`` in the cubin ``image``, launched on ``grid``
     with ``smem`` bytes of shared memory and the tensor-map templates ``maps`` (the kernel
     signature of :mod:`jax_bindings._cuda.source`)."""
     B, Sq, H, D = q.shape
-    n_ctas = grid[0] * grid[1] * grid[2]
-    if n_ctas * source.SLOT_BYTES >= 2**31:
-        raise NotImplementedError(f"grid {grid}: its tensor-map slots would need 2**31 bytes or more")
+    n_ctas = _ctas(grid, source.SLOT_BYTES)
     spec = launch.Launch(
         name=name,
         image=image,
@@ -115,9 +121,7 @@ def run_backward(name: str, image: bytes, smem: int, maps: bytes, q, k, v, out, 
     B, Sq, H, D = q.shape
     Skv, Hkv = k.shape[1], k.shape[2]
     grid = plan.bwd_grid(k.shape)
-    n_ctas = grid[0] * grid[1] * grid[2]
-    if n_ctas * bwd_source.SLOT_BYTES >= 2**31:
-        raise NotImplementedError(f"grid {grid}: its tensor-map slots would need 2**31 bytes or more")
+    n_ctas = _ctas(grid, bwd_source.SLOT_BYTES)
     pad = bwd_source.num_q_blocks(Sq) * bwd_source.BM - Sq
     # per row, in base 2; +inf where the row sees no key and on the padding, so P = 0 there
     lse2 = jnp.where(jnp.isneginf(lse), jnp.inf, lse.astype(jnp.float32) * LOG2E)
