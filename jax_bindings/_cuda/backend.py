@@ -149,7 +149,7 @@ def run_backward(name: str, image: bytes, smem: int, maps: bytes, q, k, v, out, 
 
 
 # The generated backward (run_backward) is correct and deterministic but, with dQ added in order,
-# slower than the Triton backend's on H100 on every one-band mask measured (0.72-0.92x:
+# slower than the Triton backend's on H100 on every one-band mask measured (0.70-0.95x:
 # benchmarks/NOTES.md, session 9), so the contract's backward is not offered yet and auto pairs
 # this forward with Triton's backward.
 OFFER_BACKWARD = False

@@ -335,13 +335,7 @@ def bwd_source(left: int | None, right: int | None, *, stages: int = 2, dtype: s
     ``stages``: depth of the Q/dO ring; ``ordered``: dQ added in a fixed order (bit-identical
     reruns) rather than as it comes (see the module docstring).
     """
-    if stages < 1:
-        raise ValueError(f"stages must be >= 1, got {stages}")
-    if dtype not in source.ELEMENTS:
-        raise ValueError(f"dtype must be one of {sorted(source.ELEMENTS)}, got {dtype!r}")
-    for name, x in (("left", left), ("right", right)):
-        if x is not None and (isinstance(x, bool) or not isinstance(x, int) or abs(x) >= source.UNBOUNDED):
-            raise ValueError(f"{name} must be an int of magnitude < 2**30 or None, got {x!r}")
+    source.check_arguments(left, right, stages, dtype)
     subs = {
         "__BM__": BM, "__BN__": BN, "__D__": D, "__STAGES__": stages, "__LEFT__": source.bound(left),
         "__RIGHT__": source.bound(right), "__ORDERED__": str(ordered).lower(), "__THREADS__": THREADS,

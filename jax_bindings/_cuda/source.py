@@ -560,6 +560,17 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
 """
 
 
+def check_arguments(left, right, stages: int, dtype: str) -> None:
+    """ValueError naming the argument of a generator (this one's or the backward's) that is bad."""
+    if stages < 1:
+        raise ValueError(f"stages must be >= 1, got {stages}")
+    if dtype not in ELEMENTS:
+        raise ValueError(f"dtype must be one of {sorted(ELEMENTS)}, got {dtype!r}")
+    for name, x in (("left", left), ("right", right)):
+        if x is not None and (isinstance(x, bool) or not isinstance(x, int) or abs(x) >= UNBOUNDED):
+            raise ValueError(f"{name} must be an int of magnitude < 2**30 or None, got {x!r}")
+
+
 def bound(x: int | None) -> int:
     return UNBOUNDED if x is None else int(x)
 
@@ -592,13 +603,7 @@ def source(left: int | None, right: int | None, *, stages: int = 2, overlap: boo
         raise ValueError(f"persistent=True needs feed='tma' (Q comes by TMA), got feed={feed!r}")
     if block_n % 16 or not 16 <= block_n <= 256:
         raise ValueError(f"block_n must be a multiple of 16 in [16, 256], got {block_n}")
-    if stages < 1:
-        raise ValueError(f"stages must be >= 1, got {stages}")
-    if dtype not in ELEMENTS:
-        raise ValueError(f"dtype must be one of {sorted(ELEMENTS)}, got {dtype!r}")
-    for name, x in (("left", left), ("right", right)):
-        if x is not None and (isinstance(x, bool) or not isinstance(x, int) or abs(x) >= UNBOUNDED):
-            raise ValueError(f"{name} must be an int of magnitude < 2**30 or None, got {x!r}")
+    check_arguments(left, right, stages, dtype)
     subs = {
         "__BM__": BM, "__BN__": block_n, "__D__": D, "__STAGES__": stages, "__LEFT__": bound(left),
         "__RIGHT__": bound(right), "__THREADS__": THREADS, "__NAME__": KERNEL_NAME,
