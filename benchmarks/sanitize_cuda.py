@@ -87,7 +87,7 @@ def launch_bwd(variant, q, k, v, out, lse, do, scale):
     grid = plan.bwd_grid(k.shape)
     maps = cp.asarray(np.frombuffer(plan.bwd_tensor_maps(q.shape, k.shape), np.uint8))
     dk, dv = (cp.full(k.shape, np.nan, dtype=k.dtype) for _ in range(2))
-    dq_acc = cp.zeros(q.shape, dtype=np.float32)
+    dq_acc = cp.zeros(bwd_source.dq_acc_shape(B, H, Sq), dtype=np.float32)
     sem = cp.zeros(bwd_source.sem_words(B, H, Sq), dtype=np.int32)
     slots = cp.zeros(grid[0] * grid[1] * grid[2] * bwd_source.SLOT_BYTES, dtype=np.uint8)
     args = (*(cp.asarray(x) for x in (q, k, v, do, lse2, delta)), maps, np.int32(Sq), np.int32(k.shape[1]),
@@ -95,7 +95,8 @@ def launch_bwd(variant, q, k, v, out, lse, do, scale):
             np.float32(scale), dk, dv, dq_acc, sem, slots)
     fn(grid, (bwd_source.THREADS,), args, shared_mem=variant.smem)
     cp.cuda.runtime.deviceSynchronize()
-    return cp.asnumpy(dq_acc) * scale, cp.asnumpy(dk).astype(np.float32), cp.asnumpy(dv).astype(np.float32)
+    dq = bwd_source.dq_from_acc(cp.asnumpy(dq_acc), Sq) * scale
+    return dq, cp.asnumpy(dk).astype(np.float32), cp.asnumpy(dv).astype(np.float32)
 
 
 def launch(variant, q, k, v, scale):

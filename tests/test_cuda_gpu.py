@@ -5,8 +5,9 @@ variant the backend generates -- dense (176-key tiles), causal top-left and bott
 causal windows, sliding windows, bands off the diagonal with fully masked rows -- in bfloat16
 and float16, GQA, lengths that are not tile multiples, ``q_len != kv_len``, against the float64
 dense reference, forward and the generated backward (fully masked rows and unseen keys get
-zero gradients); reruns bit-identical; the calls it must refuse, refused by name; and, under
-``backend="auto"``, its forward paired with another backend's backward.
+zero gradients); reruns bit-identical; the calls it must refuse, refused by name; training with
+``backend="cuda"`` on dense and causal masks; and, under ``backend="auto"``, a window's forward
+paired with another backend's backward.
 """
 
 from __future__ import annotations
@@ -88,15 +89,30 @@ def test_refusals_name_why(args, why):
         cb.attention_fwd(q, k, v, None, layout, 0.1)
 
 
-def test_soft_cap_and_the_backward_are_refused():
+def test_soft_cap_and_the_windows_backward_are_refused():
     layout = _band_layout(64, 64, None, 0)
     q, k, v, do = _inputs(0, 64, 64, 2, 2, jnp.bfloat16)
     with pytest.raises(NotImplementedError, match="soft-cap"):
         cb.attention_fwd(q, k, v, None, layout, 0.1, soft_cap=30.0)
     with pytest.raises(NotImplementedError, match="soft-cap"):
         cb.attention_bwd(q, k, v, None, q, None, do, layout, 0.1, soft_cap=30.0)
-    with pytest.raises(NotImplementedError, match="backward"):
-        cb.attention_bwd(q, k, v, None, q, None, do, layout, 0.1)
+    with pytest.raises(NotImplementedError, match="windows"):
+        cb.attention_bwd(q, k, v, None, q, None, do, _band_layout(64, 64, 16, 0), 0.1)
+
+
+@pytest.mark.parametrize("sq, skv, right", [(1000, 1000, None), (777, 1300, 1300 - 777), (1300, 777, -100)],
+                         ids=["dense", "causal-bottom-right", "causal-rows-see-nothing"])
+def test_backend_cuda_trains_dense_and_causal_by_itself(sq, skv, right):
+    """``backend="cuda"`` (no fallback): forward and backward both from the generated kernels."""
+    layout = _band_layout(sq, skv, None, right)
+    q, k, v, do = _inputs(sq + skv, sq, skv, 4, 2, jnp.bfloat16)
+    scale = 128**-0.5
+    fn = jax.jit(lambda a, b, c: _dispatch.attention(a, b, c, layout, scale, "cuda"))
+    out, vjp = jax.vjp(fn, q, k, v)
+    assert_close("out", out, attention_ref(q, k, v, layout, scale)[0], jnp.bfloat16)
+    for name, g, r in zip(("dq", "dk", "dv"), vjp(do), attention_grads_ref(q, k, v, layout, scale, do),
+                          strict=True):
+        assert_close(name, g, r, jnp.bfloat16)
 
 
 def _grads(q, k, v, do, layout, scale, variant=None):

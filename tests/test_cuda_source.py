@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 
 from jax_bindings._cuda import bwd_source as bwd
@@ -161,6 +162,25 @@ def test_backward_shared_memory_and_names():
     a, b = (bwd.with_unique_name(bwd.bwd_source(None, 0, ordered=o)) for o in (True, False))
     assert a[0] != b[0] and a[0].startswith("splat_bwd_") and bwd.KERNEL_NAME not in a[1]
     assert "constexpr int LEFT = 1073741824, RIGHT = 0;" in a[1]
+
+
+def test_dq_from_acc_inverts_the_kernels_fragment_order():
+    """Each consumer thread stores its dQ fragment (row 16 (warp % 4) + lane / 4 + 8 ((e / 2) % 2),
+    column 64 wg + 8 (e / 4) + 2 (lane % 4) + pair) at float ``wg * 4096 + ((e / 2) * 128 + tid %
+    128) * 2 + pair`` of its query block: the kernel's addressing, written out here per element."""
+    B, H, Sq = 2, 3, 100
+    rng = np.random.default_rng(0)
+    dq = rng.standard_normal((B, bwd.num_q_blocks(Sq) * bwd.BM, H, bwd.D)).astype(np.float32)
+    acc = np.zeros(bwd.dq_acc_shape(B, H, Sq), np.float32)
+    for tid in range(256):
+        wg, warp, lane = tid // 128, (tid // 32) % 4, tid % 32
+        for e in range(32):
+            r = 16 * warp + lane // 4 + 8 * ((e // 2) % 2)
+            c = 64 * wg + 8 * (e // 4) + 2 * (lane % 4) + e % 2
+            flat = wg * 4096 + ((e // 2) * 128 + tid % 128) * 2 + e % 2
+            for i in range(acc.shape[2]):
+                acc[:, :, i, flat] = dq[:, i * bwd.BM + r, :, c]
+    np.testing.assert_array_equal(bwd.dq_from_acc(acc, Sq), dq[:, :Sq])
 
 
 @pytest.mark.parametrize("kwargs, name", [(dict(stages=0), "stages"), (dict(dtype="float32"), "dtype"),

@@ -1,15 +1,15 @@
-"""The CUDA backend: generated CUDA C++ forward kernels for Hopper, launched from JAX.
+"""The CUDA backend: generated CUDA C++ attention kernels for Hopper, launched from JAX.
 
-Implements the backend contract of :mod:`jax_bindings._dispatch` for the fused forward on the
+Implements the backend contract of :mod:`jax_bindings._dispatch` for the fused attention on the
 masks that are one diagonal band (:func:`acsr.band`: dense, causal -- top-left or bottom-right
 aligned --, causal windows, sliding windows, bands off the diagonal), head dim 128, bfloat16
 or float16, on a GPU of compute capability 9.0 (H100, H200). Everything else is refused with
 ``NotImplementedError`` naming why, so ``backend="auto"`` moves on (to the Triton backend):
-other masks, head dims and dtypes, runtime masks, soft-capping, the backward and the unfused
-ops (the backward of a forward run here goes to the next backend: ``out`` and ``lse`` mean the
-same from every backend). The generated backward kernel
-(:mod:`jax_bindings._cuda.bwd_source`) runs through :func:`run_backward`; the contract's
-``attention_bwd`` offers it only where :data:`OFFER_BACKWARD` is set (not yet: see there).
+other masks, head dims and dtypes, runtime masks, soft-capping and the unfused ops. The
+backward (:mod:`jax_bindings._cuda.bwd_source`, through :func:`run_backward`) is offered on the
+bands :func:`~jax_bindings._cuda.plan.offered_bwd_variant` names (dense, causal); the backward
+of a window's forward run here goes to the next backend (``out`` and ``lse`` mean the same
+from every backend).
 
 Per call, at trace time: the band and the shapes pick a :class:`~jax_bindings._cuda.plan.FwdVariant`
 (:mod:`jax_bindings._cuda.plan`); its source
@@ -137,7 +137,7 @@ def run_backward(name: str, image: bytes, smem: int, maps: bytes, q, k, v, out, 
         smem=smem,
         scalars=(("i32", Sq), ("i32", Skv), ("i32", H), ("i32", Hkv), ("i32", B),
                  ("fp32", float(scale) * LOG2E), ("fp32", float(scale))),
-        outs=(((B, Skv, Hkv, D), dt), ((B, Skv, Hkv, D), dt), ((B, Sq, H, D), "float32"),
+        outs=(((B, Skv, Hkv, D), dt), ((B, Skv, Hkv, D), dt), (bwd_source.dq_acc_shape(B, H, Sq), "float32"),
               ((bwd_source.sem_words(B, H, Sq),), "int32"), ((n_ctas * bwd_source.SLOT_BYTES,), "uint8")),
         cc=90,
         zeroed=(2, 3),
@@ -145,24 +145,15 @@ def run_backward(name: str, image: bytes, smem: int, maps: bytes, q, k, v, out, 
     templates = jnp.asarray(np.frombuffer(maps, dtype=np.uint8))
     dk, dv, dq_acc, _sem, _slots = launch.run(
         spec, q, k.astype(q.dtype), v.astype(q.dtype), dout.astype(q.dtype), lse2, delta, templates)
-    return (dq_acc * scale).astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
-
-
-# The generated backward (run_backward) is correct and deterministic but, with dQ added in order,
-# slower than the Triton backend's on H100 on every one-band mask measured (0.70-0.95x:
-# benchmarks/NOTES.md, session 9), so the contract's backward is not offered yet and auto pairs
-# this forward with Triton's backward.
-OFFER_BACKWARD = False
+    dq = bwd_source.dq_from_acc(dq_acc, Sq) * scale
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
 
 def attention_bwd(q, k, v, runtime, out, lse, dout, layout: ACSR, scale: float, soft_cap=None):
-    """``(dq, dk, dv)`` from the generated backward kernel, where :data:`OFFER_BACKWARD` is set."""
+    """``(dq, dk, dv)`` from the generated backward kernel, on the bands
+    :func:`~jax_bindings._cuda.plan.offered_bwd_variant` offers it for (dense, causal)."""
     _refuse_extras(runtime, soft_cap)
-    if not OFFER_BACKWARD:
-        raise NotImplementedError(
-            "the cuda backward is not offered yet: slower than the Triton backward on H100 "
-            "(benchmarks/NOTES.md, session 9)")
-    variant = plan.bwd_variant(layout, q.shape[-1], jnp.dtype(q.dtype).name)
+    variant = plan.offered_bwd_variant(layout, q.shape[-1], jnp.dtype(q.dtype).name)
     name, image = plan.compiled(variant)
     maps = plan.bwd_tensor_maps(q.shape, k.shape)
     return run_backward(name, image, variant.smem, maps, q, k, v, out, lse, dout, scale)

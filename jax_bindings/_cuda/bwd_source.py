@@ -14,24 +14,28 @@ see any of them, for every query head of its GQA group:
   ``64 w .. 64 w + 63``;
 * warps 8-11 are the producer warpgroup: warp 8 loads K and V once (TMA), then per step Q and
   dO (TMA) and the step's 64 ``lse`` and ``delta`` values (bulk copies) into a ring of
-  ``stages`` buffers; warp 9 writes dQ (below);
+  ``stages`` buffers; warps 9 and 10 write dQ (below);
 * dQ is a sum over key blocks, so CTAs add their part to an fp32 buffer in global memory: the
-  consumers leave each step's dQ in shared memory and a dQ writer warp (in the producer
-  warpgroup) adds it with bulk reductions while they go on. With ``ordered`` (the default) the
-  additions to one query block come in a fixed order, the key block seeing the furthest keys
-  first, each waiting on a per-block counter for its turn: the result is bit-identical from run
-  to run. A CTA waits only on a CTA that started before it (each takes its key block from a
-  ticket counter at start, a head's last key block first), so the waits cannot deadlock.
-  ``ordered=False`` adds in any order (not reproducible bit for bit) and exists to measure what
-  the order costs.
+  consumers leave each step's dQ in one of two shared-memory buffers, in the order their
+  fragments hold it (:func:`dq_from_acc` puts it back in rows), and a dQ writer per buffer (a
+  lane of warps 9 and 10) adds the block's 32 KiB with one bulk reduction while they go on.
+  With ``ordered`` (the default) the additions to one query block come in a fixed order, the
+  key block seeing the furthest keys first, each waiting on a per-block counter for its turn:
+  the result is bit-identical from run to run. A writer passes the turn on once its addition
+  is complete; with two writers, one step's addition completes while the next one's waits for
+  its turn. A CTA waits only on a CTA that started before it (each
+  takes its key block from a ticket counter at start, a head's last key block first), so the
+  waits cannot deadlock. ``ordered=False`` adds in any order (not reproducible bit for bit) and
+  exists to measure what the order costs.
 
 Mask: as the forward's, ``i - left <= j <= i + right``, ``0 <= j < Skv``. Inputs ``q, dout
 [B, Sq, H, D]``, ``k, v [B, Skv, Hkv, D]`` (bf16 or fp16, ``D = 128``), ``lse2 [B, H, Sq_pad]``
 (the forward's lse times log2(e); ``+inf`` on a row with no key and on the padding to
 ``Sq_pad``, a multiple of 64), ``delta [B, H, Sq_pad]`` (rowsum(dout * out), 0 on the padding).
-Outputs ``dk``, ``dv`` like k, v (dk times ``scale``), ``dq_acc [B, Sq, H, D]`` fp32 without the
-scale, zeroed before the launch like ``sem`` (int32: a ticket counter, then a turn counter per
-(batch, head, query block)), and the CTAs' tensor-map slots. Parameters, in jaxlib's order:
+Outputs ``dk``, ``dv`` like k, v (dk times ``scale``), ``dq_acc`` fp32 (:func:`dq_acc_shape`; dQ
+without the scale once :func:`dq_from_acc` reorders it), zeroed before the launch like ``sem``
+(int32: a ticket counter, then a turn counter per (batch, head, query block)), and the CTAs'
+tensor-map slots. Parameters, in jaxlib's order:
 ``q, k, v, dout, lse2, delta, tmap_templates, Sq, Skv, H, Hkv, B, scale_log2, scale, dk, dv,
 dq_acc, sem, tmap_slots``.
 """
@@ -47,21 +51,40 @@ SLOT_BYTES = 512  # K, V, Q and dO tensor maps of a CTA
 STAT_BYTES = 2 * BM * 4  # one step's lse and delta
 
 
-# bytes between the rows of a step's dQ in shared memory: a row and 32 bytes, so a warp's
-# fragment stores take 2 wavefronts
-DQ_STRIDE = D * 4 + 32
+DQ_TILE = BM * D * 4  # one step's dQ, fp32
 
 
 def smem_bytes(stages: int) -> int:
-    """K and V, ``stages`` Q/dO buffers with their lse/delta, two dS^T buffers, a step's dQ, the
+    """K and V, ``stages`` Q/dO buffers with their lse/delta, two dS^T buffers, two dQ buffers, the
     mbarriers and the ticket (padded to 128), four tensor-map staging buffers, 1 KiB for alignment."""
     kv, qdo, ds = 2 * BN * D * 2, 2 * BM * D * 2, BN * BM * 2
-    bars = -(-(8 * (3 + 2 * stages) + 16) // 128) * 128
-    return kv + stages * (qdo + STAT_BYTES) + 2 * ds + BM * DQ_STRIDE + bars + 4 * 128 + 1024
+    bars = -(-(8 * (5 + 2 * stages) + 16) // 128) * 128
+    return kv + stages * (qdo + STAT_BYTES) + 2 * ds + 2 * DQ_TILE + bars + 4 * 128 + 1024
 
 
 def num_q_blocks(sq: int) -> int:
     return -(-sq // BM)
+
+
+# A query block's dQ in ``dq_acc`` is in the consumers' fragment order, so that a warp's stores
+# to shared memory are 256 contiguous bytes and the block is one bulk reduction: the axes of a
+# block, outermost first, are (warpgroup w, column group cg, row half rh, warp wq, lane / 4 l4,
+# lane % 4 l2, pair), holding row 16 wq + 8 rh + l4 and column 64 w + 8 cg + 2 l2 + pair.
+_FRAGMENT_AXES = (2, 8, 2, 4, 8, 4, 2)
+
+
+def dq_acc_shape(b: int, h: int, sq: int) -> tuple[int, int, int, int]:
+    """Shape of the kernel's fp32 ``dq_acc``: ``[B, H, query blocks, BM * D]``."""
+    return b, h, num_q_blocks(sq), BM * D
+
+
+def dq_from_acc(acc, sq: int):
+    """``dq_acc`` (NumPy or JAX array, :func:`dq_acc_shape`) as ``[B, Sq, H, D]``."""
+    b, h, nq, _ = acc.shape
+    blocks = acc.reshape(b, h, nq, *_FRAGMENT_AXES)
+    # to (B, nq, wq, rh, l4, H, w, cg, l2, pair)
+    rows = blocks.transpose(0, 2, 6, 5, 7, 1, 3, 4, 8, 9).reshape(b, nq * BM, h, D)
+    return rows[:, :sq]
 
 
 def sem_words(b: int, h: int, sq: int) -> int:
@@ -95,7 +118,7 @@ constexpr int BM = __BM__, BN = __BN__, HD = __D__, STAGES = __STAGES__;
 constexpr int LEFT = __LEFT__, RIGHT = __RIGHT__;  // key j seen by row i: i - LEFT <= j <= i + RIGHT
 constexpr bool ORDERED = __ORDERED__;
 constexpr uint32_t KVTILE = BN * HD * 2, QTILE = BM * HD * 2, DSTILE = BN * BM * 2, STAT = 2 * BM * 4;
-constexpr uint32_t DQ_STRIDE = __DQ_STRIDE__;
+constexpr uint32_t DQTILE = BM * HD * 4;
 
 extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
@@ -110,21 +133,26 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   auto s_do = [&](int s) { return s_q(s) + QTILE; };
   const uint32_t s_ds0 = s_k + 2 * KVTILE + STAGES * 2 * QTILE;
   auto s_ds = [&](int buf) { return s_ds0 + buf * DSTILE; };
-  const uint32_t s_dq = s_ds0 + 2 * DSTILE;  // dQ of a step, fp32, rows DQ_STRIDE bytes apart
-  const uint32_t s_stat0 = s_dq + BM * DQ_STRIDE;
+  // two buffers of a step's dQ, fp32, in fragment order (see dq_from_acc)
+  auto s_dq = [&](int buf) { return s_ds0 + 2 * DSTILE + buf * DQTILE; };
+  const uint32_t s_stat0 = s_dq(2);
   auto s_stat = [&](int s) { return s_stat0 + s * STAT; };
   const uint32_t s_bar = s_stat0 + STAGES * STAT;
-  const uint32_t kv_full = s_bar, dq_full = s_bar + 8, dq_empty = s_bar + 16;
-  auto full = [&](int s) { return s_bar + 8 * (3 + s); };
-  auto empty = [&](int s) { return s_bar + 8 * (3 + STAGES + s); };
-  int* ticket_smem = (int*)(smem + (s_bar + 8 * (3 + 2 * STAGES) - s_k));
-  uint8_t* tmap_stage = smem + (s_bar - s_k) + (8 * (3 + 2 * STAGES) + 16 + 127) / 128 * 128;  // 4 x 128
+  const uint32_t kv_full = s_bar;
+  auto dq_full = [&](int buf) { return s_bar + 8 * (1 + buf); };
+  auto dq_empty = [&](int buf) { return s_bar + 8 * (3 + buf); };
+  auto full = [&](int s) { return s_bar + 8 * (5 + s); };
+  auto empty = [&](int s) { return s_bar + 8 * (5 + STAGES + s); };
+  int* ticket_smem = (int*)(smem + (s_bar + 8 * (5 + 2 * STAGES) - s_k));
+  uint8_t* tmap_stage = smem + (s_bar - s_k) + (8 * (5 + 2 * STAGES) + 16 + 127) / 128 * 128;  // 4 x 128
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   if (tid == 0) {
     mbar_init(kv_full, 1);
-    mbar_init(dq_full, __CONSUMER_WARPS__);
-    mbar_init(dq_empty, 1);
+    for (int buf = 0; buf < 2; ++buf) {
+      mbar_init(dq_full(buf), __CONSUMER_WARPS__);
+      mbar_init(dq_empty(buf), 1);
+    }
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full(s), 1);
       mbar_init(empty(s), __CONSUMER_WARPS__);
@@ -145,33 +173,32 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   if (warp >= __CONSUMER_WARPS__) {
     // ---- producer: K, V once; Q, dO, lse, delta per step ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 __PRODUCER_REGS__;" ::: "memory");
-    if (warp > __CONSUMER_WARPS__ + 1 || n_steps == 0) return;
-    if (warp == __CONSUMER_WARPS__ + 1) {
-      // ---- dQ writer: each step's dQ from shared memory into dq_acc, in the key blocks' order ----
-      for (int t = 0; t < n_steps; ++t) {
+    if (warp > __CONSUMER_WARPS__ + 2 || n_steps == 0) return;
+    if (warp >= __CONSUMER_WARPS__ + 1) {
+      // ---- dQ writers: lane 0 of warp 9 takes the even steps (dQ buffer 0), of warp 10 the odd
+      // ones: each step's dQ from shared memory into dq_acc, in the key blocks' order; each
+      // passes its turn on as soon as its addition is complete, while the other one goes on ----
+      const int buf = warp - __CONSUMER_WARPS__ - 1;
+      if (lane != 0) return;
+      for (int t = buf; t < n_steps; t += 2) {
         const int h = hk * G + t / n_i, i = i_lo + t % n_i, m0 = i * BM;
         int* turn = sem + 1 + ((size_t)b * H + h) * nq + i;
-        mbar_wait(dq_full, t & 1);
+        mbar_wait(dq_full(buf), (t >> 1) & 1);
         if (ORDERED) {
           int j_last = nkv - 1;  // the last key block that sees query block i: it adds first
           if (RIGHT < __UNBOUNDED__) j_last = min(j_last, floor_div(RIGHT + min(m0 + BM - 1, Sq - 1), BN));
-          if (lane == 0)
-            while (ld_acquire(turn) != j_last - j) {
-            }
-          __syncwarp();
+          while (ld_acquire(turn) != j_last - j) {
+          }
         }
-        for (int r = lane; r < BM && m0 + r < Sq; r += 32)
-          bulk_reduce_add(dq_acc + (((size_t)b * Sq + m0 + r) * H + h) * HD, s_dq + r * DQ_STRIDE, HD * 4);
+        bulk_reduce_add(dq_acc + (((size_t)b * H + h) * nq + i) * (BM * HD), s_dq(buf), DQTILE);
         asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-        // the buffer is free once read; the turn passes once the additions are done
+        // the buffer is free once read; the turn passes once the addition is done
         asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-        __syncwarp();
-        if (lane == 0) mbar_arrive(dq_empty);
+        mbar_arrive(dq_empty(buf));
         if (ORDERED) {
           asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
           asm volatile("fence.acq_rel.gpu;" ::: "memory");
-          __syncwarp();
-          if (lane == 0) red_release_inc(turn);
+          red_release_inc(turn);
         }
       }
       asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
@@ -296,18 +323,17 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     fence_regs<64>(dkac);
     fence_regs<32>(dq);
     if (lane == 0) mbar_arrive(empty(s));
-    // dQ rows m0 + r, columns 64 wg + c, to shared memory for the writer (once it took the last)
-    if (t > 0) mbar_wait(dq_empty, (t - 1) & 1);
+    // dQ to shared memory for the writer (once it took the buffer's last), in fragment order:
+    // warpgroup, then pair of values e / 2, then thread (see dq_from_acc)
+    if (t >= 2) mbar_wait(dq_empty(buf), ((t >> 1) - 1) & 1);
 #pragma unroll
     for (int e = 0; e < 32; e += 2) {
-      const int r = 16 * (warp % 4) + lane / 4 + 8 * ((e / 2) % 2);
-      const int c = 64 * wg + (e / 4) * 8 + 2 * (lane % 4);
-      asm volatile("st.shared.v2.f32 [%0], {%1, %2};" :: "r"(s_dq + r * DQ_STRIDE + c * 4), "f"(dq[e]),
-                   "f"(dq[e + 1]) : "memory");
+      const uint32_t addr = s_dq(buf) + wg * (DQTILE / 2) + ((e / 2) * 128 + tid % 128) * 8;
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};" :: "r"(addr), "f"(dq[e]), "f"(dq[e + 1]) : "memory");
     }
     fence_async_smem_always();
     __syncwarp();
-    if (lane == 0) mbar_arrive(dq_full);
+    if (lane == 0) mbar_arrive(dq_full(buf));
   }
   }
 
@@ -340,7 +366,7 @@ def bwd_source(left: int | None, right: int | None, *, stages: int = 2, dtype: s
         "__BM__": BM, "__BN__": BN, "__D__": D, "__STAGES__": stages, "__LEFT__": source.bound(left),
         "__RIGHT__": source.bound(right), "__ORDERED__": str(ordered).lower(), "__THREADS__": THREADS,
         "__NAME__": KERNEL_NAME, "__UNBOUNDED__": source.UNBOUNDED,
-        "__CONSUMER_WARPS__": source.CONSUMER_WARPS, "__SLOT_BYTES__": SLOT_BYTES, "__DQ_STRIDE__": DQ_STRIDE,
+        "__CONSUMER_WARPS__": source.CONSUMER_WARPS, "__SLOT_BYTES__": SLOT_BYTES,
         "__PRODUCER_REGS__": source.PRODUCER_REGS, "__CONSUMER_REGS__": source.CONSUMER_REGS,
         "__ELEM__": source.ELEMENTS[dtype],
     }

@@ -1,8 +1,9 @@
 """Which generated kernel runs a call, and everything it needs besides the arrays (no JAX here).
 
 :func:`fwd_variant` picks the :class:`FwdVariant` for a layout, head dim and dtype (or refuses
-with ``NotImplementedError`` naming why); :func:`compiled` gives its kernel name and cubin;
-:func:`grid` and :func:`tensor_maps` the launch geometry and the TMA templates. The JAX backend
+with ``NotImplementedError`` naming why), :func:`offered_bwd_variant` the :class:`BwdVariant`;
+:func:`compiled` gives a variant's kernel name and cubin; :func:`grid`, :func:`tensor_maps` and
+their ``bwd_`` twins the launch geometry and the TMA templates. The JAX backend
 (:mod:`jax_bindings._cuda.backend`) and the sanitizer's direct launches
 (``benchmarks/sanitize_cuda.py``) both start here.
 """
@@ -85,6 +86,23 @@ def _band(layout: ACSR, head_dim: int, dtype: str) -> acsr.Band:
 def bwd_variant(layout: ACSR, head_dim: int, dtype: str) -> BwdVariant:
     """The backward kernel for this call, or NotImplementedError saying why none is generated."""
     return BwdVariant(_band(layout, head_dim, dtype), dtype)
+
+
+def offered_bwd_variant(layout: ACSR, head_dim: int, dtype: str) -> BwdVariant:
+    """The backward kernel the backend runs for this call, or NotImplementedError saying why not.
+
+    Offered on bands unbounded on the left (dense, causal), where each key block walks the rest
+    of the sequence: 1.25-1.39x the Triton backward on H100 at S = 8192 and 16384. Refused on
+    bands bounded on the left (windows): a key block walks a few query blocks, the per-CTA setup
+    weighs, and it is 0.86-0.99x the Triton backward there (``benchmarks/NOTES.md``, session 10),
+    so the next backend runs their backward.
+    """
+    variant = bwd_variant(layout, head_dim, dtype)
+    if variant.band.left is not None:
+        raise NotImplementedError(
+            "the cuda backward is not offered on windows (bands bounded on the left): slower than the "
+            "Triton backward there on H100 (benchmarks/NOTES.md, session 10)")
+    return variant
 
 
 def fwd_variant(layout: ACSR, head_dim: int, dtype: str) -> FwdVariant:
