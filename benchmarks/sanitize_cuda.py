@@ -84,7 +84,7 @@ def launch_bwd(variant, q, k, v, out, lse, do, scale):
     lse2 = np.pad(lse2, ((0, 0), (0, 0), (0, pad)), constant_values=np.inf)
     delta = np.einsum("bshd,bshd->bhs", do.astype(np.float32), out.astype(np.float32))
     delta = np.pad(delta, ((0, 0), (0, 0), (0, pad))).astype(np.float32)
-    grid = plan.bwd_grid(k.shape)
+    grid = plan.bwd_grid(k.shape, cp.cuda.Device().attributes["MultiProcessorCount"])
     maps = cp.asarray(np.frombuffer(plan.bwd_tensor_maps(q.shape, k.shape), np.uint8))
     dk, dv = (cp.full(k.shape, np.nan, dtype=k.dtype) for _ in range(2))
     dq_acc = cp.zeros(bwd_source.dq_acc_shape(B, H, Sq), dtype=np.float32)

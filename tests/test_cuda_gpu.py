@@ -6,8 +6,8 @@ causal windows, sliding windows, bands off the diagonal with fully masked rows -
 and float16, GQA, lengths that are not tile multiples, ``q_len != kv_len``, against the float64
 dense reference, forward and the generated backward (fully masked rows and unseen keys get
 zero gradients); reruns bit-identical; the calls it must refuse, refused by name; training with
-``backend="cuda"`` on dense and causal masks; and, under ``backend="auto"``, a window's forward
-paired with another backend's backward.
+``backend="cuda"`` on dense, causal and causal-window masks; and, under ``backend="auto"``, a
+narrow window's forward paired with another backend's backward.
 """
 
 from __future__ import annotations
@@ -96,15 +96,16 @@ def test_soft_cap_and_the_windows_backward_are_refused():
         cb.attention_fwd(q, k, v, None, layout, 0.1, soft_cap=30.0)
     with pytest.raises(NotImplementedError, match="soft-cap"):
         cb.attention_bwd(q, k, v, None, q, None, do, layout, 0.1, soft_cap=30.0)
-    with pytest.raises(NotImplementedError, match="windows"):
+    with pytest.raises(NotImplementedError, match="narrower windows"):
         cb.attention_bwd(q, k, v, None, q, None, do, _band_layout(64, 64, 16, 0), 0.1)
 
 
-@pytest.mark.parametrize("sq, skv, right", [(1000, 1000, None), (777, 1300, 1300 - 777), (1300, 777, -100)],
-                         ids=["dense", "causal-bottom-right", "causal-rows-see-nothing"])
-def test_backend_cuda_trains_dense_and_causal_by_itself(sq, skv, right):
+@pytest.mark.parametrize("sq, skv, left, right", [(1000, 1000, None, None), (777, 1300, None, 1300 - 777),
+                                                  (1300, 777, None, -100), (1500, 1500, 1023, 0)],
+                         ids=["dense", "causal-bottom-right", "causal-rows-see-nothing", "causal-window"])
+def test_backend_cuda_trains_by_itself(sq, skv, left, right):
     """``backend="cuda"`` (no fallback): forward and backward both from the generated kernels."""
-    layout = _band_layout(sq, skv, None, right)
+    layout = _band_layout(sq, skv, left, right)
     q, k, v, do = _inputs(sq + skv, sq, skv, 4, 2, jnp.bfloat16)
     scale = 128**-0.5
     fn = jax.jit(lambda a, b, c: _dispatch.attention(a, b, c, layout, scale, "cuda"))

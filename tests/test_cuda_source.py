@@ -146,14 +146,15 @@ BWD_VARIANTS = [  # (left, right, bwd_source kwargs): the bands of tests/cuda_ca
 
 @pytest.mark.parametrize("variant", BWD_VARIANTS, ids=_variant_id)
 def test_backward_variant_compiles_for_sm90a(cuda_compiler, variant):
-    """The backward's consumers hold dK and dV (128 fp32 registers) for the whole walk; ptxas
-    spills a few of their loop-invariant addresses (at most ~70 bytes): bounded here."""
+    """The producer warpgroup (ticket, loads, the dQ writers) runs on 24 registers a thread
+    (``setmaxnreg``), so ptxas spills some of its item state: 116-152 bytes for these variants,
+    almost all of it there (32 registers there instead of 24 leave 88). Bounded here."""
     left, right, kwargs = variant
     image, log = cuda_compiler.compile(bwd.bwd_source(left, right, **kwargs), verbose=True)
     assert image[:4] == b"\x7fELF", "not a cubin"
     assert "warning" not in log.lower(), log
     spills = int(re.search(r"(\d+) bytes spill stores", log).group(1))
-    assert spills <= 96, log
+    assert spills <= 192, log
     assert int(re.search(r"Used (\d+) registers", log).group(1)) <= 168, log
 
 
@@ -189,3 +190,13 @@ def test_backward_bad_arguments_are_named(kwargs, name):
     args = dict(left=None, right=0) | kwargs
     with pytest.raises(ValueError, match=name):
         bwd.bwd_source(args.pop("left"), args.pop("right"), **args)
+
+
+def test_the_backward_is_offered_where_key_blocks_walk_16_query_blocks():
+    from jax_bindings._cuda import plan
+    from splat import masks
+
+    for mask in (masks.full(), masks.causal(), masks.sliding_window(1023, 0)):
+        assert plan.offered_bwd_variant(mask.to_acsr(4096), 128, "bfloat16").ordered
+    with pytest.raises(NotImplementedError, match="this one: 640"):
+        plan.offered_bwd_variant(masks.sliding_window(256, 256).to_acsr(4096), 128, "bfloat16")

@@ -7,9 +7,9 @@ or float16, on a GPU of compute capability 9.0 (H100, H200). Everything else is 
 ``NotImplementedError`` naming why, so ``backend="auto"`` moves on (to the Triton backend):
 other masks, head dims and dtypes, runtime masks, soft-capping and the unfused ops. The
 backward (:mod:`jax_bindings._cuda.bwd_source`, through :func:`run_backward`) is offered on the
-bands :func:`~jax_bindings._cuda.plan.offered_bwd_variant` names (dense, causal); the backward
-of a window's forward run here goes to the next backend (``out`` and ``lse`` mean the same
-from every backend).
+bands :func:`~jax_bindings._cuda.plan.offered_bwd_variant` names (dense, causal, windows of ~900
+rows and more); the backward of a narrower window's forward run here goes to the next backend
+(``out`` and ``lse`` mean the same from every backend).
 
 Per call, at trace time: the band and the shapes pick a :class:`~jax_bindings._cuda.plan.FwdVariant`
 (:mod:`jax_bindings._cuda.plan`); its source
@@ -120,7 +120,7 @@ def run_backward(name: str, image: bytes, smem: int, maps: bytes, q, k, v, out, 
     signature of :mod:`jax_bindings._cuda.bwd_source`); ``lse`` as the forward gave it."""
     B, Sq, H, D = q.shape
     Skv, Hkv = k.shape[1], k.shape[2]
-    grid = plan.bwd_grid(k.shape)
+    grid = plan.bwd_grid(k.shape, _sm_count())
     n_ctas = _ctas(grid, bwd_source.SLOT_BYTES)
     pad = bwd_source.num_q_blocks(Sq) * bwd_source.BM - Sq
     # per row, in base 2; +inf where the row sees no key and on the padding, so P = 0 there
@@ -151,7 +151,7 @@ def run_backward(name: str, image: bytes, smem: int, maps: bytes, q, k, v, out, 
 
 def attention_bwd(q, k, v, runtime, out, lse, dout, layout: ACSR, scale: float, soft_cap=None):
     """``(dq, dk, dv)`` from the generated backward kernel, on the bands
-    :func:`~jax_bindings._cuda.plan.offered_bwd_variant` offers it for (dense, causal)."""
+    :func:`~jax_bindings._cuda.plan.offered_bwd_variant` offers it for."""
     _refuse_extras(runtime, soft_cap)
     variant = plan.offered_bwd_variant(layout, q.shape[-1], jnp.dtype(q.dtype).name)
     name, image = plan.compiled(variant)

@@ -1,8 +1,11 @@
 """CUDA C++ source of a Hopper (sm_90a) attention backward, written for a diagonal band baked in.
 
-The backward of :mod:`jax_bindings._cuda.source`'s forward, from the same helpers. One CTA owns
-``BN = 128`` keys of one (batch, KV head) and walks the query blocks of ``BM = 64`` rows that
-see any of them, for every query head of its GQA group:
+The backward of :mod:`jax_bindings._cuda.source`'s forward, from the same helpers. A work item
+is ``BN = 128`` keys of one (batch, KV head): its walk is the query blocks of ``BM = 64`` rows
+that see any of them, for every query head of its GQA group. One CTA runs per SM (at most one
+per item) and takes items by ticket from a counter, a head's last key block first, until none
+is left; the K/V and Q/dO loads of its next item overlap the end of the current one, and the
+tensor maps are published once per CTA. In a CTA:
 
 * warps 0-7 are two consumer warpgroups, warpgroup ``w`` owning keys ``64 w .. 64 w + 63``:
   ``S^T = K Q^T`` and ``dP^T = V dO^T`` (``wgmma`` m64n64k16 from shared memory),
@@ -12,9 +15,9 @@ see any of them, for every query head of its GQA group:
   are summed over the group's heads in a fixed order), and ``dQ = dS K`` over all 128 keys from
   dS stored to shared memory (both operands MN-major), warpgroup ``w`` taking head-dim columns
   ``64 w .. 64 w + 63``;
-* warps 8-11 are the producer warpgroup: warp 8 loads K and V once (TMA), then per step Q and
-  dO (TMA) and the step's 64 ``lse`` and ``delta`` values (bulk copies) into a ring of
-  ``stages`` buffers; warps 9 and 10 write dQ (below);
+* warps 8-11 are the producer warpgroup: warp 8 takes the tickets and loads, per item, K and V
+  once (TMA) and per step Q and dO (TMA) and the step's 64 ``lse`` and ``delta`` values (bulk
+  copies) into a ring of ``stages`` buffers; warps 9 and 10 write dQ (below);
 * dQ is a sum over key blocks, so CTAs add their part to an fp32 buffer in global memory: the
   consumers leave each step's dQ in one of two shared-memory buffers, in the order their
   fragments hold it (:func:`dq_from_acc` puts it back in rows), and a dQ writer per buffer (a
@@ -23,10 +26,9 @@ see any of them, for every query head of its GQA group:
   key block seeing the furthest keys first, each waiting on a per-block counter for its turn:
   the result is bit-identical from run to run. A writer passes the turn on once its addition
   is complete; with two writers, one step's addition completes while the next one's waits for
-  its turn. A CTA waits only on a CTA that started before it (each
-  takes its key block from a ticket counter at start, a head's last key block first), so the
-  waits cannot deadlock. ``ordered=False`` adds in any order (not reproducible bit for bit) and
-  exists to measure what the order costs.
+  its turn. An item waits only on items with a smaller ticket, each taken by a CTA already
+  running, so the waits cannot deadlock. ``ordered=False`` adds in any order (not reproducible
+  bit for bit) and exists to measure what the order costs.
 
 Mask: as the forward's, ``i - left <= j <= i + right``, ``0 <= j < Skv``. Inputs ``q, dout
 [B, Sq, H, D]``, ``k, v [B, Skv, Hkv, D]`` (bf16 or fp16, ``D = 128``), ``lse2 [B, H, Sq_pad]``
@@ -52,6 +54,7 @@ STAT_BYTES = 2 * BM * 4  # one step's lse and delta
 
 
 DQ_TILE = BM * D * 4  # one step's dQ, fp32
+
 
 
 def smem_bytes(stages: int) -> int:
@@ -138,115 +141,185 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   const uint32_t s_stat0 = s_dq(2);
   auto s_stat = [&](int s) { return s_stat0 + s * STAT; };
   const uint32_t s_bar = s_stat0 + STAGES * STAT;
-  const uint32_t kv_full = s_bar;
-  auto dq_full = [&](int buf) { return s_bar + 8 * (1 + buf); };
-  auto dq_empty = [&](int buf) { return s_bar + 8 * (3 + buf); };
-  auto full = [&](int s) { return s_bar + 8 * (5 + s); };
-  auto empty = [&](int s) { return s_bar + 8 * (5 + STAGES + s); };
-  int* ticket_smem = (int*)(smem + (s_bar + 8 * (5 + 2 * STAGES) - s_k));
-  uint8_t* tmap_stage = smem + (s_bar - s_k) + (8 * (5 + 2 * STAGES) + 16 + 127) / 128 * 128;  // 4 x 128
+  const uint32_t kv_full = s_bar, kv_empty = s_bar + 8;
+  auto dq_full = [&](int buf) { return s_bar + 8 * (2 + buf); };
+  auto dq_empty = [&](int buf) { return s_bar + 8 * (4 + buf); };
+  auto item_full = [&](int slot) { return s_bar + 8 * (6 + slot); };
+  auto item_empty = [&](int slot) { return s_bar + 8 * (8 + slot); };
+  auto full = [&](int s) { return s_bar + 8 * (10 + s); };
+  auto empty = [&](int s) { return s_bar + 8 * (10 + STAGES + s); };
+  // two slots for the tickets of the CTA's current and next work item
+  volatile int* item_ticket = (volatile int*)(smem + (s_bar + 8 * (10 + 2 * STAGES) - s_k));
+  uint8_t* tmap_stage = smem + (s_bar - s_k) + (8 * (10 + 2 * STAGES) + 16 + 127) / 128 * 128;  // 4 x 128
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   if (tid == 0) {
     mbar_init(kv_full, 1);
+    mbar_init(kv_empty, __CONSUMER_WARPS__);
     for (int buf = 0; buf < 2; ++buf) {
       mbar_init(dq_full(buf), __CONSUMER_WARPS__);
       mbar_init(dq_empty(buf), 1);
+      mbar_init(item_full(buf), 1);
+      mbar_init(item_empty(buf), __CONSUMER_WARPS__ + 2);  // consumer warps and the two dQ writers
     }
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full(s), 1);
       mbar_init(empty(s), __CONSUMER_WARPS__);
     }
-    // the CTA's place in start order: a CTA waits only on CTAs with a smaller ticket
-    *ticket_smem = atomicAdd(sem, 1);
   }
   __syncthreads();
-  const int nkv = (Skv + BN - 1) / BN, ticket = *ticket_smem;
-  const int j = nkv - 1 - ticket % nkv, hk = (ticket / nkv) % Hkv, b = ticket / (nkv * Hkv);
-  const int n0 = j * BN, G = H / Hkv, nq = (Sq + BM - 1) / BM, sq_pad = nq * BM;
-  // the query rows that see a key of the block (keys past Skv included: masked), in blocks of BM
-  int lo = 0, hi = Sq - 1;
-  if (RIGHT < __UNBOUNDED__) lo = max(lo, n0 - RIGHT);
-  if (LEFT < __UNBOUNDED__) hi = min(hi, n0 + BN - 1 + LEFT);
-  const int i_lo = lo / BM, n_i = lo <= hi ? hi / BM - i_lo + 1 : 0, n_steps = n_i * G;
+  const int nkv = (Skv + BN - 1) / BN, G = H / Hkv, nq = (Sq + BM - 1) / BM, sq_pad = nq * BM;
+  const int n_items = nkv * Hkv * B;
+  // A work item is a key block of a (batch, KV head), taken by ticket: a head's last key block
+  // first. Its walk: the query rows that see a key of the block (keys past Skv included:
+  // masked), in blocks of BM, for every query head of the group.
+  struct Item {
+    int j, hk, b, n0, i_lo, n_i, n_steps;
+  };
+  auto item_of = [&](int ticket) {
+    Item it;
+    it.j = nkv - 1 - ticket % nkv;
+    it.hk = (ticket / nkv) % Hkv;
+    it.b = ticket / (nkv * Hkv);
+    it.n0 = it.j * BN;
+    int lo = 0, hi = Sq - 1;
+    if (RIGHT < __UNBOUNDED__) lo = max(lo, it.n0 - RIGHT);
+    if (LEFT < __UNBOUNDED__) hi = min(hi, it.n0 + BN - 1 + LEFT);
+    it.i_lo = lo / BM;
+    it.n_i = lo <= hi ? hi / BM - it.i_lo + 1 : 0;
+    it.n_steps = it.n_i * G;
+    return it;
+  };
+  // the ticket of the CTA's item number `n` (-1: none left), for consumers and writers
+  auto next_ticket = [&](int n) {
+    mbar_wait(item_full(n & 1), (n >> 1) & 1);
+    const int ticket = item_ticket[n & 1];
+    __syncwarp();
+    if (lane == 0) mbar_arrive(item_empty(n & 1));
+    return ticket;
+  };
 
   if (warp >= __CONSUMER_WARPS__) {
-    // ---- producer: K, V once; Q, dO, lse, delta per step ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 __PRODUCER_REGS__;" ::: "memory");
-    if (warp > __CONSUMER_WARPS__ + 2 || n_steps == 0) return;
-    if (warp >= __CONSUMER_WARPS__ + 1) {
+    if (warp > __CONSUMER_WARPS__ + 2) return;
+    if (warp > __CONSUMER_WARPS__) {
       // ---- dQ writers: lane 0 of warp 9 takes the even steps (dQ buffer 0), of warp 10 the odd
-      // ones: each step's dQ from shared memory into dq_acc, in the key blocks' order; each
-      // passes its turn on as soon as its addition is complete, while the other one goes on ----
+      // ones (steps counted over the CTA's items): each step's dQ from shared memory into
+      // dq_acc, in the key blocks' order; each passes its turn on as soon as its addition is
+      // complete, while the other one goes on ----
       const int buf = warp - __CONSUMER_WARPS__ - 1;
-      if (lane != 0) return;
-      for (int t = buf; t < n_steps; t += 2) {
-        const int h = hk * G + t / n_i, i = i_lo + t % n_i, m0 = i * BM;
-        int* turn = sem + 1 + ((size_t)b * H + h) * nq + i;
-        mbar_wait(dq_full(buf), (t >> 1) & 1);
-        if (ORDERED) {
-          int j_last = nkv - 1;  // the last key block that sees query block i: it adds first
-          if (RIGHT < __UNBOUNDED__) j_last = min(j_last, floor_div(RIGHT + min(m0 + BM - 1, Sq - 1), BN));
-          while (ld_acquire(turn) != j_last - j) {
+      int g0 = 0;  // the CTA's steps before this item
+      for (int n = 0;; ++n) {
+        const int ticket = next_ticket(n);
+        if (ticket < 0) break;
+        const Item w = item_of(ticket);
+        if (lane == 0) {
+          // step t of the item: query head hk G + hh, query block i_lo + ii
+          int t = (g0 + buf) & 1, hh = 0, ii = t;
+          if (ii >= w.n_i) ii = 0, hh = 1;
+          for (; t < w.n_steps; t += 2) {
+            const int g = g0 + t, i = w.i_lo + ii, m0 = i * BM, blk = (w.b * H + w.hk * G + hh) * nq + i;
+            int* turn = sem + 1 + blk;
+            ii += 2;
+            while (ii >= w.n_i) ii -= w.n_i, ++hh;
+            mbar_wait(dq_full(buf), (g >> 1) & 1);
+            if (ORDERED) {
+              int j_last = nkv - 1;  // the last key block that sees query block i: it adds first
+              if (RIGHT < __UNBOUNDED__)
+                j_last = min(j_last, floor_div(RIGHT + min(m0 + BM - 1, Sq - 1), BN));
+              while (ld_acquire(turn) != j_last - w.j) {
+              }
+            }
+            bulk_reduce_add(dq_acc + (size_t)blk * (BM * HD), s_dq(buf), DQTILE);
+            asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+            // the buffer is free once read; the turn passes once the addition is done
+            asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+            mbar_arrive(dq_empty(buf));
+            if (ORDERED) {
+              asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+              asm volatile("fence.acq_rel.gpu;" ::: "memory");
+              red_release_inc(turn);
+            }
           }
         }
-        bulk_reduce_add(dq_acc + (((size_t)b * H + h) * nq + i) * (BM * HD), s_dq(buf), DQTILE);
-        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-        // the buffer is free once read; the turn passes once the addition is done
-        asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-        mbar_arrive(dq_empty(buf));
-        if (ORDERED) {
-          asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-          asm volatile("fence.acq_rel.gpu;" ::: "memory");
-          red_release_inc(turn);
-        }
+        g0 += w.n_steps;
       }
-      asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+      if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
       return;
     }
-    const size_t cta = ((size_t)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-    uint8_t* gk = tmap_slots + cta * __SLOT_BYTES__;
+    // ---- producer: per item, a ticket; Q, dO, lse, delta per step, K and V once ----
+    uint8_t* gk = tmap_slots + (size_t)blockIdx.x * __SLOT_BYTES__;
     uint8_t *gv = gk + 128, *gq = gk + 256, *gdo = gk + 384;
     publish_tmap(gk, tmap_templates, tmap_stage, k, lane);
     publish_tmap(gv, tmap_templates + 128, tmap_stage + 128, v, lane);
     publish_tmap(gq, tmap_templates + 256, tmap_stage + 256, q, lane);
     publish_tmap(gdo, tmap_templates + 384, tmap_stage + 384, dout, lane);
     if (lane != 0) return;
-    mbar_expect_tx(kv_full, 2 * KVTILE);
-    tma_load_4d(s_k, gk, kv_full, 0, hk, n0, b);
-    tma_load_4d(s_k + BN * 128, gk, kv_full, 64, hk, n0, b);
-    tma_load_4d(s_v, gv, kv_full, 0, hk, n0, b);
-    tma_load_4d(s_v + BN * 128, gv, kv_full, 64, hk, n0, b);
-    for (int t = 0; t < n_steps; ++t) {
-      const int h = hk * G + t / n_i, m0 = (i_lo + t % n_i) * BM, s = t % STAGES;
-      if (t >= STAGES) mbar_wait(empty(s), ((t / STAGES) & 1) ^ 1);
-      mbar_expect_tx(full(s), 2 * QTILE + STAT);
-      tma_load_4d(s_q(s), gq, full(s), 0, h, m0, b);
-      tma_load_4d(s_q(s) + BM * 128, gq, full(s), 64, h, m0, b);
-      tma_load_4d(s_do(s), gdo, full(s), 0, h, m0, b);
-      tma_load_4d(s_do(s) + BM * 128, gdo, full(s), 64, h, m0, b);
-      const size_t row = ((size_t)b * H + h) * sq_pad + m0;
-      bulk_load(s_stat(s), lse2 + row, BM * 4, full(s));
-      bulk_load(s_stat(s) + BM * 4, delta + row, BM * 4, full(s));
+    int g0 = 0;
+    for (int n = 0;; ++n) {
+      if (n >= 2) mbar_wait(item_empty(n & 1), ((n >> 1) - 1) & 1);
+      // Taken once the last item's loads are all issued. A CTA waits only on items with a smaller
+      // ticket, each already taken by a running CTA: the waits cannot deadlock.
+      int ticket = atomicAdd(sem, 1);
+      if (ticket >= n_items) ticket = -1;
+      item_ticket[n & 1] = ticket;
+      mbar_arrive(item_full(n & 1));
+      if (ticket < 0) break;
+      const Item w = item_of(ticket);
+      auto load_kv = [&]() {
+        if (n >= 1) mbar_wait(kv_empty, (n - 1) & 1);
+        mbar_expect_tx(kv_full, 2 * KVTILE);
+        tma_load_4d(s_k, gk, kv_full, 0, w.hk, w.n0, w.b);
+        tma_load_4d(s_k + BN * 128, gk, kv_full, 64, w.hk, w.n0, w.b);
+        tma_load_4d(s_v, gv, kv_full, 0, w.hk, w.n0, w.b);
+        tma_load_4d(s_v + BN * 128, gv, kv_full, 64, w.hk, w.n0, w.b);
+      };
+      // the first steps' Q and dO while the consumers finish the last item, then K and V once
+      // they are done with the last item's
+      const int first = g0 + min(STAGES, w.n_steps), m_lo = w.i_lo * BM, m_end = m_lo + w.n_i * BM;
+      if (w.n_steps == 0) load_kv();
+      for (int h = w.hk * G; h < (w.hk + 1) * G && w.n_i > 0; ++h)
+        for (int m0 = m_lo; m0 < m_end; m0 += BM, ++g0) {
+          const int s = g0 % STAGES;
+          if (g0 == first) load_kv();
+          if (g0 >= STAGES) mbar_wait(empty(s), ((g0 / STAGES) & 1) ^ 1);
+          mbar_expect_tx(full(s), 2 * QTILE + STAT);
+          tma_load_4d(s_q(s), gq, full(s), 0, h, m0, w.b);
+          tma_load_4d(s_q(s) + BM * 128, gq, full(s), 64, h, m0, w.b);
+          tma_load_4d(s_do(s), gdo, full(s), 0, h, m0, w.b);
+          tma_load_4d(s_do(s) + BM * 128, gdo, full(s), 64, h, m0, w.b);
+          const size_t row = ((size_t)w.b * H + h) * sq_pad + m0;
+          bulk_load(s_stat(s), lse2 + row, BM * 4, full(s));
+          bulk_load(s_stat(s) + BM * 4, delta + row, BM * 4, full(s));
+        }
+      if (w.n_steps > 0 && g0 == first) load_kv();  // a walk of fewer than STAGES steps
     }
     return;
   }
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 __CONSUMER_REGS__;" ::: "memory");
-  // ---- consumers: warpgroup wg owns keys n0 + 64 wg .. + 63 ----
+  // ---- consumers: per item, warpgroup wg owns keys n0 + 64 wg .. + 63 ----
   const int wg = warp / 4;
+  int g0 = 0;  // the CTA's steps before this item
+  for (int n = 0;; ++n) {
+  const int ticket = next_ticket(n);
+  if (ticket < 0) break;
+  const Item w = item_of(ticket);
+  const int n0 = w.n0;
   const int key0 = n0 + 64 * wg + 16 * (warp % 4) + lane / 4;  // fragment rows: key0 and key0 + 8
   float dvac[64], dkac[64];
 #pragma unroll
   for (int e = 0; e < 64; ++e) dvac[e] = dkac[e] = 0.f;
 
-  if (n_steps > 0) {
-  mbar_wait(kv_full, 0);
-  for (int t = 0; t < n_steps; ++t) {
-    const int m0 = (i_lo + t % n_i) * BM, s = t % STAGES, buf = t & 1;
+  mbar_wait(kv_full, n & 1);
+  const int m_lo = w.i_lo * BM, m_end = m_lo + w.n_i * BM;
+  int g = g0;  // the CTA's step
+  for (int hh = 0; hh < w.n_steps; hh += w.n_i)
+  for (int m0 = m_lo; m0 < m_end; m0 += BM, ++g) {
+    const int s = g % STAGES, buf = g & 1;
     float st[32], dpt[32], dq[32];
     uint32_t p[16], ds[16];
-    mbar_wait(full(s), (t / STAGES) & 1);
+    mbar_wait(full(s), (g / STAGES) & 1);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < HD / 16; ++kk) {
@@ -325,7 +398,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     if (lane == 0) mbar_arrive(empty(s));
     // dQ to shared memory for the writer (once it took the buffer's last), in fragment order:
     // warpgroup, then pair of values e / 2, then thread (see dq_from_acc)
-    if (t >= 2) mbar_wait(dq_empty(buf), ((t >> 1) - 1) & 1);
+    if (g >= 2) mbar_wait(dq_empty(buf), ((g >> 1) - 1) & 1);
 #pragma unroll
     for (int e = 0; e < 32; e += 2) {
       const uint32_t addr = s_dq(buf) + wg * (DQTILE / 2) + ((e / 2) * 128 + tid % 128) * 8;
@@ -335,20 +408,24 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     __syncwarp();
     if (lane == 0) mbar_arrive(dq_full(buf));
   }
-  }
+  // every product reading K and V is complete: the producer may load the next item's
+  __syncwarp();
+  if (lane == 0) mbar_arrive(kv_empty);
+  g0 = g;
 
-  // ---- epilogue: dK (times scale) and dV rows key0, key0 + 8 ----
+  // ---- the item's epilogue: dK (times scale) and dV rows key0, key0 + 8 ----
 #pragma unroll
   for (int x = 0; x < 2; ++x) {
     const int key = key0 + 8 * x;
     if (key >= Skv) continue;
-    const size_t off = (((size_t)b * Skv + key) * Hkv + hk) * HD;
+    const size_t off = (((size_t)w.b * Skv + key) * Hkv + w.hk) * HD;
 #pragma unroll
     for (int e = 2 * x; e < 64; e += 4) {
       const int c = (e / 4) * 8 + 2 * (lane % 4);
       *reinterpret_cast<uint32_t*>(dk + off + c) = pack2(dkac[e] * scale, dkac[e + 1] * scale);
       *reinterpret_cast<uint32_t*>(dv + off + c) = pack2(dvac[e], dvac[e + 1]);
     }
+  }
   }
 }
 """

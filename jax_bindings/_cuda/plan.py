@@ -88,20 +88,29 @@ def bwd_variant(layout: ACSR, head_dim: int, dtype: str) -> BwdVariant:
     return BwdVariant(_band(layout, head_dim, dtype), dtype)
 
 
+# Query rows a key block's walk covers (``left + right + BN``) from which the backend offers
+# its backward: a key block's walk of 16 query blocks or more (see offered_bwd_variant).
+MIN_BWD_BAND_ROWS = 1024
+
+
 def offered_bwd_variant(layout: ACSR, head_dim: int, dtype: str) -> BwdVariant:
     """The backward kernel the backend runs for this call, or NotImplementedError saying why not.
 
-    Offered on bands unbounded on the left (dense, causal), where each key block walks the rest
-    of the sequence: 1.25-1.39x the Triton backward on H100 at S = 8192 and 16384. Refused on
-    bands bounded on the left (windows): a key block walks a few query blocks, the per-CTA setup
-    weighs, and it is 0.86-0.99x the Triton backward there (``benchmarks/NOTES.md``, session 10),
-    so the next backend runs their backward.
+    Offered where each key block walks at least 16 query blocks (a band of
+    :data:`MIN_BWD_BAND_ROWS` rows with the key block: dense, causal, causal windows of ~900 and
+    more). On H100 at S = 16384 it is 1.42x the Triton backward on dense, 1.31x on causal, 1.10x
+    on a causal window of 1024 (18 steps), and 0.99x on a sliding window (256, 256) (11 steps),
+    whose backward goes to the next backend (``benchmarks/NOTES.md``, session 10).
     """
     variant = bwd_variant(layout, head_dim, dtype)
-    if variant.band.left is not None:
-        raise NotImplementedError(
-            "the cuda backward is not offered on windows (bands bounded on the left): slower than the "
-            "Triton backward there on H100 (benchmarks/NOTES.md, session 10)")
+    band = variant.band
+    if band.left is not None and band.right is not None:
+        rows = band.left + band.right + bwd_source.BN
+        if rows < MIN_BWD_BAND_ROWS:
+            raise NotImplementedError(
+                f"the cuda backward is offered on bands of {MIN_BWD_BAND_ROWS} rows or more with a key "
+                f"block (this one: {rows}); on narrower windows it is not faster than the Triton backward "
+                "on H100 (benchmarks/NOTES.md, session 10)")
     return variant
 
 
@@ -138,10 +147,11 @@ def tensor_maps(block_n: int, q_shape, k_shape, v_shape) -> bytes:
     )
 
 
-def bwd_grid(k_shape: tuple[int, ...]) -> tuple[int, int, int]:
-    """CTAs of the backward over ``k [B, Skv, Hkv, D]``: (key blocks, KV heads, batch)."""
+def bwd_grid(k_shape: tuple[int, ...], sm_count: int) -> tuple[int, int, int]:
+    """CTAs of the backward over ``k [B, Skv, Hkv, D]``: one per SM (``sm_count``), up to the
+    number of work items (key blocks of a batch and KV head), which they take by ticket."""
     B, Skv, Hkv, _ = k_shape
-    return -(-Skv // bwd_source.BN), Hkv, B
+    return min(sm_count, -(-Skv // bwd_source.BN) * Hkv * B), 1, 1
 
 
 def bwd_tensor_maps(q_shape, k_shape) -> bytes:
