@@ -277,8 +277,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
       // the first steps' Q and dO while the consumers finish the last item, then K and V once
       // they are done with the last item's
       const int first = g0 + min(STAGES, w.n_steps), m_lo = w.i_lo * BM, m_end = m_lo + w.n_i * BM;
-      if (w.n_steps == 0) load_kv();
-      for (int h = w.hk * G; h < (w.hk + 1) * G && w.n_i > 0; ++h)
+      for (int h = w.hk * G; h < (w.hk + 1) * G; ++h)
         for (int m0 = m_lo; m0 < m_end; m0 += BM, ++g0) {
           const int s = g0 % STAGES;
           if (g0 == first) load_kv();
@@ -292,7 +291,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
           bulk_load(s_stat(s), lse2 + row, BM * 4, full(s));
           bulk_load(s_stat(s) + BM * 4, delta + row, BM * 4, full(s));
         }
-      if (w.n_steps > 0 && g0 == first) load_kv();  // a walk of fewer than STAGES steps
+      if (g0 == first) load_kv();  // a walk of STAGES steps or fewer
     }
     return;
   }
@@ -314,7 +313,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   mbar_wait(kv_full, n & 1);
   const int m_lo = w.i_lo * BM, m_end = m_lo + w.n_i * BM;
   int g = g0;  // the CTA's step
-  for (int hh = 0; hh < w.n_steps; hh += w.n_i)
+  for (int hh = 0; hh < G; ++hh)
   for (int m0 = m_lo; m0 < m_end; m0 += BM, ++g) {
     const int s = g % STAGES, buf = g & 1;
     float st[32], dpt[32], dq[32];
