@@ -46,7 +46,7 @@ def _ms(fn, args, feed, n=10) -> float:
     return timing.time_call(None, 2, 5, launch=launch, sync=sync, per_sample=n, calls_per_launch=n)["ms"]
 
 
-def _bwd_cuda(layout, ordered: bool):
+def _bwd_cuda(layout, ordered: bool = True):
     variant = dataclasses.replace(plan.bwd_variant(layout, D, "bfloat16"), ordered=ordered)
     name, image = plan.compiled(variant)
 
@@ -62,6 +62,12 @@ def _bwd_triton(layout):
         return tb.attention_bwd(q, k, v, None, out, lse, do, layout, SCALE)
 
     return fn
+
+
+def _bwd_route(name: str, layout):
+    if name == "triton":
+        return _bwd_triton(layout)
+    return _bwd_cuda(layout, ordered=name != "cuda_unordered")
 
 
 def _cuda_fwd_then(layout, bwd):
@@ -94,6 +100,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--lengths", type=int, nargs="+", default=[8192, 16384])
     p.add_argument("--masks", nargs="+", default=list(MASKS))
+    p.add_argument("--bwd-routes", nargs="+", default=["cuda_unordered", "triton"],
+                   help="backward routes timed besides the default cuda one: cuda_unordered (dQ in "
+                        "arrival order), triton")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     try:
@@ -112,8 +121,7 @@ def main(argv=None) -> int:
             out, lse = jax.jit(lambda q, k, v, layout=layout: cb.attention_fwd(q, k, v, None, layout, SCALE))(
                 q, k, v)
             row = {"mask": mname, "S": S}
-            bwds = {"cuda": _bwd_cuda(layout, True), "cuda_unordered": _bwd_cuda(layout, False),
-                    "triton": _bwd_triton(layout)}
+            bwds = {n: _bwd_route(n, layout) for n in ("cuda", *a.bwd_routes)}
             grads = {n: [np.asarray(g, np.float32) for g in jax.jit(f)(do, q, k, v, out, lse)]
                      for n, f in bwds.items()}
             for n, g in grads.items():
@@ -124,8 +132,9 @@ def main(argv=None) -> int:
                 row[f"{n}_bwd_ms"], row[f"{n}_bwd_tflops"] = ms, 2.5 * fwd_flops / ms * 1e-9
             fb = {
                 "cuda": _fwd_bwd(_cuda_fwd_then(layout, bwds["cuda"])),
-                "cuda_fwd_triton_bwd": _fwd_bwd(_cuda_fwd_then(layout, bwds["triton"])),
             }
+            if "triton" in bwds:
+                fb["cuda_fwd_triton_bwd"] = _fwd_bwd(_cuda_fwd_then(layout, bwds["triton"]))
             if fa3 is not None:
                 kw = peers.flash_attn3_arguments(layout)
                 fb["fa3"] = _fwd_bwd(lambda q, k, v, kw=kw: fa3(q, k, v, softmax_scale=SCALE, **kw))
@@ -134,8 +143,10 @@ def main(argv=None) -> int:
                 row[f"{n}_fwdbwd_ms"], row[f"{n}_fwdbwd_tflops"] = ms, 3.5 * fwd_flops / ms * 1e-9
             if "fa3_fwdbwd_ms" in row:
                 row["cuda_fwdbwd_x_fa3"] = row["fa3_fwdbwd_ms"] / row["cuda_fwdbwd_ms"]
-            row["cuda_bwd_x_triton"] = row["triton_bwd_ms"] / row["cuda_bwd_ms"]
-            row["ordered_cost"] = row["cuda_bwd_ms"] / row["cuda_unordered_bwd_ms"]
+            if "triton" in bwds:
+                row["cuda_bwd_x_triton"] = row["triton_bwd_ms"] / row["cuda_bwd_ms"]
+            if "cuda_unordered" in bwds:
+                row["ordered_cost"] = row["cuda_bwd_ms"] / row["cuda_unordered_bwd_ms"]
             rows.append(row)
             shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}
             print(json.dumps(shown), flush=True)
@@ -147,14 +158,11 @@ def main(argv=None) -> int:
     if a.out:
         with open(a.out, "w") as f:
             json.dump(doc, f, indent=1)
-    print(f"{'mask':>20} {'S':>6} {'bwd cuda':>9} {'unord.':>7} {'triton':>7} | {'f+b cuda':>9} "
-          f"{'c+tri':>7} {'fa3':>7} {'x fa3':>6}")
     nan = float("nan")
+    cols = [f"{n}_bwd_tflops" for n in bwds] + [f"{n}_fwdbwd_tflops" for n in fb] + ["cuda_fwdbwd_x_fa3"]
+    print(f"{'mask':>20} {'S':>6} " + " ".join(f"{c.replace('_tflops', ''):>14}" for c in cols))
     for r in rows:
-        print(f"{r['mask']:>20} {r['S']:>6} {r['cuda_bwd_tflops']:9.1f} "
-              f"{r['cuda_unordered_bwd_tflops']:7.1f} {r['triton_bwd_tflops']:7.1f} | "
-              f"{r['cuda_fwdbwd_tflops']:9.1f} {r['cuda_fwd_triton_bwd_fwdbwd_tflops']:7.1f} "
-              f"{r.get('fa3_fwdbwd_tflops', nan):7.1f} {r.get('cuda_fwdbwd_x_fa3', nan):6.3f}")
+        print(f"{r['mask']:>20} {r['S']:>6} " + " ".join(f"{r.get(c, nan):14.3f}" for c in cols))
     return 0
 
 

@@ -14,7 +14,9 @@ tensor maps are published once per CTA. In a CTA:
   registers (m64n128k16; the accumulators stay in registers for the whole walk, so dK and dV
   are summed over the group's heads in a fixed order), and ``dQ = dS K`` over all 128 keys from
   dS stored to shared memory (both operands MN-major), warpgroup ``w`` taking head-dim columns
-  ``64 w .. 64 w + 63``;
+  ``64 w .. 64 w + 63``. Each product is issued as soon as its operands are: dV before dS is
+  computed (so P's exponentials run under dP^T's product, and dV under dS's arithmetic), dK
+  after dQ (so it runs under dQ's store to shared memory);
 * warps 8-11 are the producer warpgroup: warp 8 takes the tickets and loads, per item, K and V
   once (TMA) and per step Q and dO (TMA) and the step's 64 ``lse`` and ``delta`` values (bulk
   copies) into a ring of ``stages`` buffers; warps 9 and 10 write dQ (below);
@@ -130,7 +132,9 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     float scale, uint16_t* __restrict__ dk, uint16_t* __restrict__ dv, float* __restrict__ dq_acc,
     int* __restrict__ sem, uint8_t* __restrict__ tmap_slots) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  uint8_t* smem = (uint8_t*)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+  // 1 KiB aligned; offset from smem_raw (not cast through an integer) so that the compiler
+  // still knows the pointer is shared memory and reads lse/delta with ld.shared
+  uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
   const uint32_t s_k = smem_addr(smem), s_v = s_k + KVTILE;
   auto s_q = [&](int s) { return s_k + 2 * KVTILE + s * 2 * QTILE; };
   auto s_do = [&](int s) { return s_q(s) + QTILE; };
@@ -340,6 +344,35 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     bool edge = n0 + 64 * wg + 63 >= Skv;
     if (LEFT < __UNBOUNDED__) edge |= n0 + 64 * wg < m0 + BM - 1 - LEFT;
     if (RIGHT < __UNBOUNDED__) edge |= n0 + 64 * wg + 63 > m0 + RIGHT;
+    auto dv_product = [&]() {
+#pragma unroll
+      for (int kk = 0; kk < BM / 16; ++kk)
+        wgmma_rs_128(dvac, p + 4 * kk, smem_desc(s_do(s) + kk * 16 * 128, BM * 128, 1024));
+    };
+    auto dk_product = [&]() {
+#pragma unroll
+      for (int kk = 0; kk < BM / 16; ++kk)
+        wgmma_rs_128(dkac, ds + 4 * kk, smem_desc(s_q(s) + kk * 16 * 128, BM * 128, 1024));
+    };
+    auto dq_product = [&]() {
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk)
+        wgmma_ss_t_64(dq, smem_desc(s_ds(buf) + kk * 16 * 128, BN * 128, 1024),
+                      smem_desc(s_k + wg * BN * 128 + kk * 16 * 128, BN * 128, 1024), kk > 0);
+    };
+    // dQ to shared memory for the writer (once it took the buffer's last), in fragment order:
+    // warpgroup, then pair of values e / 2, then thread (see dq_from_acc)
+    auto store_dq = [&]() {
+      if (g >= 2) mbar_wait(dq_empty(buf), ((g >> 1) - 1) & 1);
+#pragma unroll
+      for (int e = 0; e < 32; e += 2) {
+        const uint32_t addr = s_dq(buf) + wg * (DQTILE / 2) + ((e / 2) * 128 + tid % 128) * 8;
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};" :: "r"(addr), "f"(dq[e]), "f"(dq[e + 1]) : "memory");
+      }
+      fence_async_smem_always();
+      __syncwarp();
+      if (lane == 0) mbar_arrive(dq_full(buf));
+    };
     wgmma_wait<1>();
     fence_regs<32>(st);
 #pragma unroll
@@ -357,7 +390,12 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     }
 #pragma unroll
     for (int e = 0; e < 32; e += 2) p[e / 2] = pack2(st[e], st[e + 1]);
-    wgmma_wait<0>();
+    // dV is issued before the wait for dP^T: the exponentials it reads then run under dP^T's
+    // product (ptxas would hoist a bare wait above them), and dV runs under dS's arithmetic
+    wgmma_fence();
+    dv_product();
+    wgmma_commit();
+    wgmma_wait<1>();
     fence_regs<32>(dpt);
 #pragma unroll
     for (int e = 0; e < 32; ++e) {
@@ -375,37 +413,20 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
       asm volatile("st.shared.b32 [%0], %1;" :: "r"(addr), "r"(ds[e / 2]) : "memory");
     }
     fence_async_smem_always();
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk)
-      wgmma_rs_128(dvac, p + 4 * kk, smem_desc(s_do(s) + kk * 16 * 128, BM * 128, 1024));
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk)
-      wgmma_rs_128(dkac, ds + 4 * kk, smem_desc(s_q(s) + kk * 16 * 128, BM * 128, 1024));
-    wgmma_commit();
+    // dQ, then dK: dK runs under dQ's store to shared memory
     named_sync(1, 256);  // both warpgroups' dS^T are stored
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk)
-      wgmma_ss_t_64(dq, smem_desc(s_ds(buf) + kk * 16 * 128, BN * 128, 1024),
-                    smem_desc(s_k + wg * BN * 128 + kk * 16 * 128, BN * 128, 1024), kk > 0);
+    dq_product();
     wgmma_commit();
-    wgmma_wait<0>();
+    dk_product();
+    wgmma_commit();
+    wgmma_wait<1>();
     fence_regs<64>(dvac);
-    fence_regs<64>(dkac);
     fence_regs<32>(dq);
+    store_dq();
+    wgmma_wait<0>();
+    fence_regs<64>(dkac);
     if (lane == 0) mbar_arrive(empty(s));
-    // dQ to shared memory for the writer (once it took the buffer's last), in fragment order:
-    // warpgroup, then pair of values e / 2, then thread (see dq_from_acc)
-    if (g >= 2) mbar_wait(dq_empty(buf), ((g >> 1) - 1) & 1);
-#pragma unroll
-    for (int e = 0; e < 32; e += 2) {
-      const uint32_t addr = s_dq(buf) + wg * (DQTILE / 2) + ((e / 2) * 128 + tid % 128) * 8;
-      asm volatile("st.shared.v2.f32 [%0], {%1, %2};" :: "r"(addr), "f"(dq[e]), "f"(dq[e + 1]) : "memory");
-    }
-    fence_async_smem_always();
-    __syncwarp();
-    if (lane == 0) mbar_arrive(dq_full(buf));
   }
   // every product reading K and V is complete: the producer may load the next item's
   __syncwarp();
