@@ -2,8 +2,9 @@
 
 The variants and shapes of ``tests/test_cuda_gpu.py`` (``tests/cuda_cases.py``: dense, causal
 top-left and bottom-right, windows, bands off the diagonal with fully masked rows; GQA; lengths
-that are not tile multiples), in bfloat16 and float16: the forward persistent and not, the
-backward with dQ added in order and in arrival order; each compiled as the backend compiles it
+that are not tile multiples), in bfloat16 and float16: the forward in every schedule (the
+persistent ones on 5 CTAs, so that each takes several work tiles, the queue also on one per SM),
+the backward with dQ added in order and in arrival order; each compiled as the backend compiles it
 (``jax_bindings._cuda.plan``) and launched with CuPy (JAX is not imported), so no XLA kernel
 runs under the sanitizer. Each output is checked against a float32 NumPy reference, and so is
 every row's ``lse``; fully masked rows must give 0 and ``-inf``, and zero gradients.
@@ -29,6 +30,9 @@ from cuda_cases import CASES, band_layout  # noqa: E402
 from jax_bindings._cuda import bwd_source, plan, source  # noqa: E402
 
 NP = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+# (forward schedule, CTAs of a persistent one: None for one per SM, else at most that many; on 5,
+# each CTA takes several work tiles)
+LAUNCHES = (("grid", None), ("strided", 5), ("queue", None), ("queue", 5))
 
 
 def reference(q, k, v, mask, scale):
@@ -99,18 +103,22 @@ def launch_bwd(variant, q, k, v, out, lse, do, scale):
     return dq, cp.asnumpy(dk).astype(np.float32), cp.asnumpy(dv).astype(np.float32)
 
 
-def launch(variant, q, k, v, scale):
+def launch(variant, q, k, v, scale, ctas=None):
+    """``(out, lse)`` of the forward kernel; a persistent schedule on at most ``ctas`` CTAs (None:
+    one per SM)."""
     fn = _kernel(variant)
     B, Sq, H, D = q.shape
-    grid = plan.grid(q.shape, variant.persistent, cp.cuda.Device().attributes["MultiProcessorCount"])
+    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    grid = plan.grid(q.shape, variant.schedule, sms if ctas is None else ctas)
     tmpl = plan.tensor_maps(variant.block_n, q.shape, k.shape, v.shape)
     dq, dk, dv = (cp.asarray(x) for x in (q, k, v))
     maps = cp.asarray(np.frombuffer(tmpl, np.uint8))
     out = cp.full(q.shape, np.nan, dtype=q.dtype)
     lse = cp.full((B, H, Sq), np.nan, dtype=np.float32)
+    sem = cp.zeros(1, dtype=np.int32)
     slots = cp.zeros(grid[0] * grid[1] * grid[2] * source.SLOT_BYTES, dtype=np.uint8)
     args = (dq, dk, dv, maps, np.int32(Sq), np.int32(k.shape[1]), np.int32(H), np.int32(k.shape[2]),
-            np.int32(B), np.float32(scale * math.log2(math.e)), out, lse, slots)
+            np.int32(B), np.float32(scale * math.log2(math.e)), out, lse, sem, slots)
     fn(grid, (source.THREADS,), args, shared_mem=variant.smem)
     cp.cuda.runtime.deviceSynchronize()
     return cp.asnumpy(out), cp.asnumpy(lse)
@@ -118,15 +126,15 @@ def launch(variant, q, k, v, scale):
 
 def main() -> int:
     launched = 0
-    for dtype, persistent in itertools.product(NP, (False, True)):
+    for dtype, (schedule, ctas) in itertools.product(NP, LAUNCHES):
         for name, sq, skv, left, right, h, hk in CASES:
             layout = band_layout(sq, skv, left, right)
-            variant = dataclasses.replace(plan.fwd_variant(layout, 128, dtype), persistent=persistent)
+            variant = dataclasses.replace(plan.fwd_variant(layout, 128, dtype), schedule=schedule)
             rng = np.random.default_rng(sq + skv)
             q = rng.standard_normal((2, sq, h, 128)).astype(NP[dtype])
             k, v = (rng.standard_normal((2, skv, hk, 128)).astype(NP[dtype]) for _ in range(2))
             scale = 128**-0.5
-            out, lse = launch(variant, q, k, v, scale)
+            out, lse = launch(variant, q, k, v, scale, ctas)
             launched += 1
             mask = layout.to_dense()
             ref_out, ref_lse = reference(q, k, v, mask, scale)
@@ -137,9 +145,9 @@ def main() -> int:
             assert np.all(out[:, empty] == 0) and np.all(np.isneginf(lse[:, :, empty])), f"{name}: empty rows"
             lerr = np.abs(lse[:, :, ~empty] - ref_lse[:, :, ~empty]).max()
             assert lerr < 2e-2, f"{name} {dtype}: lse differs by {lerr:.3g}"
-            kind = "persistent" if persistent else "grid"
+            kind = schedule if ctas is None else f"{schedule}/{ctas}"
             print(f"{name:22s} {dtype:9s} {kind:10s} ok (out {err:.1e}, lse {lerr:.1e})")
-            if persistent:  # the backward once per case and dtype, in each dQ order
+            if (schedule, ctas) == LAUNCHES[-1]:  # the backward once per case and dtype, in each dQ order
                 do = rng.standard_normal(q.shape).astype(NP[dtype])
                 refs = grads_reference(q, k, v, do, mask, scale)
                 for ordered in (True, False):

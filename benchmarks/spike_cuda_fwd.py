@@ -77,7 +77,7 @@ def jax_kernel(cubin: str, kernel: str, stages: int, block_n: int):
     smem = cfs.smem_bytes(stages, block_n)
 
     def attention(q, k, v, scale):
-        grid = plan.grid(q.shape, False, 0)
+        grid = plan.grid(q.shape, "grid", 0)
         maps = plan.tensor_maps(block_n, q.shape, k.shape, v.shape)
         return backend.run_forward(kernel, image, grid, smem, maps, q, k, v, scale)
 
@@ -96,6 +96,7 @@ class Kernel:
         self.block_n = block_n
         self.fn.max_dynamic_shared_size_bytes = self.smem
         self.maps: dict = {}
+        self.sem = None
 
     def _maps(self, q, k, v, ctas: int, torch):
         key = (tuple(q.shape), tuple(k.shape), tuple(v.shape), ctas)
@@ -106,16 +107,22 @@ class Kernel:
             self.maps[key] = (t, torch.zeros(ctas * cfs.SLOT_BYTES, dtype=torch.uint8, device="cuda"))
         return self.maps[key]
 
+    def _sem(self, torch):
+        """The kernel's ticket counter, zeroed for each launch (unused by the grid schedule)."""
+        if self.sem is None:
+            self.sem = torch.zeros(1, dtype=torch.int32, device="cuda")
+        return self.sem.zero_()
+
     def __call__(self, q, k, v, o, lse, scale: float, torch):
         B, Sq, H, D = q.shape
         Skv, Hkv = k.shape[1], k.shape[2]
         stream = self.cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
-        grid = plan.grid(q.shape, False, 0)
+        grid = plan.grid(q.shape, "grid", 0)
         templates, slots = self._maps(q, k, v, grid[0] * grid[1] * grid[2], torch)
         args = tuple(np.uint64(t.data_ptr()) for t in (q, k, v, templates))
         args += (np.int32(Sq), np.int32(Skv), np.int32(H), np.int32(Hkv), np.int32(B),
                  np.float32(scale * LOG2E))
-        args += tuple(np.uint64(t.data_ptr()) for t in (o, lse, slots))
+        args += tuple(np.uint64(t.data_ptr()) for t in (o, lse, self._sem(torch), slots))
         self.fn(grid, (cfs.THREADS,), args, shared_mem=self.smem, stream=stream)
 
 

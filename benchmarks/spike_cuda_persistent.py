@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Spike: the cuda backend's forward with persistent CTAs against its one-CTA-per-row-block grid.
+"""Spike: the cuda backend's forward in its three CTA schedules, beside FlashAttention-3.
 
-One process, one H100/H200: for each one-band mask and S, the backend's forward
-(``jax_bindings._cuda.backend.attention_fwd``) built as a grid of (row blocks, H, B) CTAs and as
-persistent CTAs (one per SM, Q by TMA, the next work tile's loads under the last one's epilogue;
-``jax_bindings._cuda.source.source(persistent=)``), beside FlashAttention-3 for JAX, each as 10
-calls chained in one jitted program. The two builds' outputs must be bit-identical.
+One process, one H100/H200, bf16, B=1, H=16, D=128: for each one-band mask and S, the backend's
+forward (the plan's variant, ``jax_bindings._cuda.plan.fwd_variant``, launched by
+``jax_bindings._cuda.backend.run_forward``) built with each schedule of
+``jax_bindings._cuda.source.source``: ``grid`` (a CTA per row block, Q by cp.async), ``strided``
+(a CTA per SM taking every ``gridDim.x``-th work tile) and ``queue`` (a CTA per SM taking work
+tiles by ticket); and FA3's ``flash_mha`` where ``flash_attn3_jax`` imports; each as 10 calls
+chained in one jitted program. The three schedules' ``out`` and ``lse`` must be bit-identical.
 
     python3 benchmarks/spike_cuda_persistent.py [--lengths 8192 16384] [--out PATH]
 """
@@ -26,7 +28,9 @@ from jax_bindings._cuda import backend, plan
 from splat import masks
 from splat.tools import peers, timing
 
-D = 128
+D, H = 128, 16
+SCALE = D**-0.5
+SCHEDULES = ("grid", "strided", "queue")
 MASKS = {
     "full": masks.full(),
     "causal": masks.causal(),
@@ -35,19 +39,15 @@ MASKS = {
 }
 
 
-def forward(layout, persistent: bool):
-    """The backend's forward on ``layout`` with the plan's variant, persistent or not."""
-    chosen = plan.fwd_variant
-
-    def pick(*args):
-        return dataclasses.replace(chosen(*args), persistent=persistent)
+def forward(layout, schedule: str):
+    """``(q, k, v) -> (out, lse)``: the backend's forward on ``layout`` with ``schedule``."""
+    variant = dataclasses.replace(plan.fwd_variant(layout, D, "bfloat16"), schedule=schedule)
+    name, image = plan.compiled(variant)
 
     def fn(q, k, v):
-        plan.fwd_variant = pick  # read while tracing, inside chained_ms's compile
-        try:
-            return backend.attention_fwd(q, k, v, None, layout, 128**-0.5)[0]
-        finally:
-            plan.fwd_variant = chosen
+        grid = plan.grid(q.shape, schedule, backend._sm_count())
+        maps = plan.tensor_maps(variant.block_n, q.shape, k.shape, v.shape)
+        return backend.run_forward(name, image, grid, variant.smem, maps, q, k, v, SCALE)
 
     return fn
 
@@ -55,46 +55,64 @@ def forward(layout, persistent: bool):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--lengths", type=int, nargs="+", default=[8192, 16384])
+    p.add_argument("--masks", nargs="+", default=list(MASKS), choices=list(MASKS))
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
-    from flash_attn3_jax import flash_mha as fa3
+    try:
+        from flash_attn3_jax import flash_mha as fa3
+    except ImportError:
+        fa3 = None
 
-    dev = jax.devices()[0].device_kind
     rows = []
     for S in a.lengths:
         key = jax.random.split(jax.random.key(S), 3)
-        q, k, v = (jax.random.normal(x, (1, S, 16, 128), jnp.bfloat16) for x in key)
-        for name, mask in MASKS.items():
-            layout = mask.to_acsr(S, S)
-            flops = 4 * 16 * layout.nnz * 128
-            fns = {"grid": forward(layout, False), "persistent": forward(layout, True)}
-            kw = peers.flash_attn3_arguments(layout)
-            fns["fa3"] = lambda q, k, v, kw=kw: fa3(q, k, v, softmax_scale=D**-0.5, **kw)
-            outs = {n: np.asarray(jax.jit(f)(q, k, v).astype(jnp.float32)) for n, f in fns.items()}
-            row = {"mask": name, "S": S,
-                   "persistent_vs_grid_max_diff": float(np.abs(outs["persistent"] - outs["grid"]).max()),
-                   "fa3_vs_grid_max_diff": float(np.abs(outs["fa3"] - outs["grid"]).max())}
+        q, k, v = (jax.random.normal(x, (1, S, H, D), jnp.bfloat16) for x in key)
+        for mname in a.masks:
+            layout = MASKS[mname].to_acsr(S, S)
+            flops = 4 * H * layout.nnz * D
+            row = {"mask": mname, "S": S}
+            fns = {}
+            got = {}
+            for s in SCHEDULES:
+                f = forward(layout, s)
+                got[s] = [np.asarray(x) for x in jax.jit(f)(q, k, v)]
+                fns[s] = lambda q, k, v, f=f: f(q, k, v)[0]
+            row["schedules_bit_identical"] = all(
+                x.tobytes() == y.tobytes()
+                for s in SCHEDULES[1:] for x, y in zip(got[s], got["grid"], strict=True))
+            if fa3 is not None:
+                kw = peers.flash_attn3_arguments(layout)
+                fns["fa3"] = lambda q, k, v, kw=kw: fa3(q, k, v, softmax_scale=SCALE, **kw)
+                ref = np.asarray(jax.jit(fns["fa3"])(q, k, v), np.float32)
+                row["fa3_vs_grid_max_diff"] = float(np.abs(ref - got["grid"][0].astype(np.float32)).max())
             for n, f in fns.items():
                 ms = timing.chained_ms(f, q, k, v)
                 row[f"{n}_ms"], row[f"{n}_tflops"] = ms, flops / ms * 1e-9
-            row["persistent_x_grid"] = row["grid_ms"] / row["persistent_ms"]
-            row["persistent_x_fa3"] = row["fa3_ms"] / row["persistent_ms"]
-            row["grid_x_fa3"] = row["fa3_ms"] / row["grid_ms"]
+            for s in SCHEDULES[1:]:
+                row[f"{s}_x_grid"] = row["grid_ms"] / row[f"{s}_ms"]
+            if fa3 is not None:
+                for s in SCHEDULES:
+                    row[f"{s}_x_fa3"] = row["fa3_ms"] / row[f"{s}_ms"]
             rows.append(row)
-            shown = {k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}
+            shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}
             print(json.dumps(shown), flush=True)
-    doc = {"schema": "splat-spike-cuda-persistent/1", "device": dev,
+    doc = {"schema": "splat-spike-cuda-persistent/2", "device": jax.devices()[0].device_kind,
            "date": datetime.datetime.now().isoformat(timespec="seconds"),
-           "settings": {"B": 1, "H": 16, "D": 128, "dtype": "bfloat16", "chained_calls": 10}, "rows": rows}
+           "settings": {"B": 1, "H": H, "D": D, "dtype": "bfloat16", "chained_calls": 10,
+                        "sm_count": backend._sm_count(), "fa3": fa3 is not None,
+                        "flops": "useful: 4*H*nnz*D"},
+           "rows": rows}
     if a.out:
         with open(a.out, "w") as f:
             json.dump(doc, f, indent=1)
-    print(f"{'mask':>20} {'S':>6} {'grid':>7} {'pers.':>7} {'fa3':>7} {'p/g':>6} {'p/fa3':>6} diff")
+    nan = float("nan")
+    print(f"{'mask':>20} {'S':>6} {'grid':>7} {'strided':>7} {'queue':>7} {'fa3':>7} "
+          f"{'s/g':>6} {'q/g':>6} {'q/fa3':>6} same")
     for r in rows:
-        print(f"{r['mask']:>20} {r['S']:>6} {r['grid_tflops']:7.1f} {r['persistent_tflops']:7.1f} "
-              f"{r['fa3_tflops']:7.1f} {r['persistent_x_grid']:6.3f} {r['persistent_x_fa3']:6.3f} "
-              f"{r['persistent_vs_grid_max_diff']:.1e}")
-    return 0
+        print(f"{r['mask']:>20} {r['S']:>6} {r['grid_tflops']:7.1f} {r['strided_tflops']:7.1f} "
+              f"{r['queue_tflops']:7.1f} {r.get('fa3_tflops', nan):7.1f} {r['strided_x_grid']:6.3f} "
+              f"{r['queue_x_grid']:6.3f} {r.get('queue_x_fa3', nan):6.3f} {r['schedules_bit_identical']}")
+    return 0 if all(r["schedules_bit_identical"] for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 Skipped where the backend cannot run (no GPU, not compute capability 9.0, no compiler). Every
 variant the backend generates -- dense (176-key tiles), causal top-left and bottom-right,
 causal windows, sliding windows, bands off the diagonal with fully masked rows -- in bfloat16
-and float16, GQA, lengths that are not tile multiples, ``q_len != kv_len``, against the float64
+and float16, the forward also in its queue schedule (and every schedule bit-identical, on few
+CTAs too), GQA, lengths that are not tile multiples, ``q_len != kv_len``, against the float64
 dense reference, forward and the generated backward (fully masked rows and unseen keys get
 zero gradients); reruns bit-identical; the calls it must refuse, refused by name; training with
 ``backend="cuda"`` on dense, causal and causal-window masks; and, under ``backend="auto"``, a
@@ -43,15 +44,33 @@ def _inputs(seed, sq, skv, h, hk, dtype, d=128, b=2):
     return q, k, v, do
 
 
+def _forward(layout, scale, schedule=None, ctas=None):
+    """The jitted forward ``(q, k, v) -> (out, lse)``: the backend's, or its variant in another
+    ``schedule`` launched on one CTA per SM or, persistent, at most ``ctas``."""
+    if schedule is None:
+        return jax.jit(lambda q, k, v: cb.attention_fwd(q, k, v, None, layout, scale))
+
+    def fn(q, k, v):
+        variant = plan.fwd_variant(layout, q.shape[-1], jnp.dtype(q.dtype).name)
+        variant = dataclasses.replace(variant, schedule=schedule)
+        name, image = plan.compiled(variant)
+        grid = plan.grid(q.shape, schedule, ctas or cb._sm_count())
+        maps = plan.tensor_maps(variant.block_n, q.shape, k.shape, v.shape)
+        return cb.run_forward(name, image, grid, variant.smem, maps, q, k, v, scale)
+
+    return jax.jit(fn)
+
+
+@pytest.mark.parametrize("schedule", [None, "queue"], ids=["planned", "queue"])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "f16"])
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_forward_matches_the_float64_reference(case, dtype):
+def test_forward_matches_the_float64_reference(case, dtype, schedule):
     name, sq, skv, left, right, h, hk = case
     layout = _band_layout(sq, skv, left, right)
     assert plan.fwd_variant(layout, 128, jnp.dtype(dtype).name).band is not None
     q, k, v, _ = _inputs(sq + skv, sq, skv, h, hk, dtype)
     scale = 128**-0.5
-    out, lse = jax.jit(lambda a, b, c: cb.attention_fwd(a, b, c, None, layout, scale))(q, k, v)
+    out, lse = _forward(layout, scale, schedule, ctas=3)(q, k, v)  # the queue: 3 CTAs, many tiles each
     ref_out, ref_lse = attention_ref(q, k, v, layout, scale)
     same = attention_dense(q, k, v, layout, scale)
     assert out.dtype == q.dtype and out.shape == q.shape and lse.shape == (2, h, sq)
@@ -63,14 +82,30 @@ def test_forward_matches_the_float64_reference(case, dtype):
     assert np.abs(lse[:, :, ~empty] - ref_lse[:, :, ~empty]).max() < 2e-2
 
 
-def test_reruns_are_bit_identical():
+@pytest.mark.parametrize("schedule", [None, "queue"], ids=["planned", "queue"])
+def test_reruns_are_bit_identical(schedule):
     layout = _band_layout(1000, 1000, 300, 0)
     q, k, v, _ = _inputs(7, 1000, 1000, 4, 2, jnp.bfloat16)
-    f = jax.jit(lambda a, b, c: cb.attention_fwd(a, b, c, None, layout, 0.1))
+    f = _forward(layout, 0.1, schedule, ctas=5)
     first = [np.asarray(x) for x in f(q, k, v)]
     for _ in range(3):
         again = [np.asarray(x) for x in f(q, k, v)]
         assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
+
+
+@pytest.mark.parametrize("ctas", [None, 3], ids=["per-sm", "3-ctas"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_forward_schedules_are_bit_identical(case, ctas):
+    """Every schedule computes a work tile alike, whichever CTA takes it: on 3 CTAs each one takes
+    many tiles (the queue's two ticket slots reused, row blocks that see no key among them)."""
+    name, sq, skv, left, right, h, hk = case
+    layout = _band_layout(sq, skv, left, right)
+    q, k, v, _ = _inputs(sq + skv, sq, skv, h, hk, jnp.bfloat16)
+    scale = 128**-0.5
+    want = [np.asarray(x) for x in _forward(layout, scale, "grid")(q, k, v)]
+    for schedule in ("strided", "queue"):
+        got = [np.asarray(x) for x in _forward(layout, scale, schedule, ctas)(q, k, v)]
+        assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True)), schedule
 
 
 @pytest.mark.parametrize(

@@ -7,9 +7,9 @@ or float16, on a GPU of compute capability 9.0 (H100, H200). Everything else is 
 ``NotImplementedError`` naming why, so ``backend="auto"`` moves on (to the Triton backend):
 other masks, head dims and dtypes, runtime masks, soft-capping and the unfused ops. The
 backward (:mod:`jax_bindings._cuda.bwd_source`, through :func:`run_backward`) is offered on the
-bands :func:`~jax_bindings._cuda.plan.offered_bwd_variant` names (dense, causal, windows of ~900
-rows and more); the backward of a narrower window's forward run here goes to the next backend
-(``out`` and ``lse`` mean the same from every backend).
+bands :func:`~jax_bindings._cuda.plan.offered_bwd_variant` names (dense, causal, windows of
+640 rows and more with a key block); the backward of a narrower window's forward run here goes
+to the next backend (``out`` and ``lse`` mean the same from every backend).
 
 Per call, at trace time: the band and the shapes pick a :class:`~jax_bindings._cuda.plan.FwdVariant`
 (:mod:`jax_bindings._cuda.plan`); its source
@@ -84,8 +84,9 @@ def _ctas(grid: tuple[int, int, int], slot_bytes: int) -> int:
 def run_forward(name: str, image: bytes, grid: tuple[int, int, int], smem: int, maps: bytes, q, k, v,
                 scale: float):
     """``(out, lse)`` of the forward kernel ``name`` in the cubin ``image``, launched on ``grid``
-    with ``smem`` bytes of shared memory and the tensor-map templates ``maps`` (the kernel
-    signature of :mod:`jax_bindings._cuda.source`)."""
+    (:func:`~jax_bindings._cuda.plan.grid` of the kernel's schedule) with ``smem`` bytes of shared
+    memory and the tensor-map templates ``maps`` (the kernel signature of
+    :mod:`jax_bindings._cuda.source`; its ticket counter ``sem`` zeroed, whatever the schedule)."""
     B, Sq, H, D = q.shape
     n_ctas = _ctas(grid, source.SLOT_BYTES)
     spec = launch.Launch(
@@ -96,12 +97,13 @@ def run_forward(name: str, image: bytes, grid: tuple[int, int, int], smem: int, 
         smem=smem,
         scalars=(("i32", Sq), ("i32", k.shape[1]), ("i32", H), ("i32", k.shape[2]), ("i32", B),
                  ("fp32", float(scale) * LOG2E)),
-        outs=(((B, Sq, H, D), jnp.dtype(q.dtype).name), ((B, H, Sq), "float32"),
+        outs=(((B, Sq, H, D), jnp.dtype(q.dtype).name), ((B, H, Sq), "float32"), ((1,), "int32"),
               ((n_ctas * source.SLOT_BYTES,), "uint8")),
         cc=90,
+        zeroed=(2,),
     )
     templates = jnp.asarray(np.frombuffer(maps, dtype=np.uint8))
-    out, lse, _slots = launch.run(spec, q, k.astype(q.dtype), v.astype(q.dtype), templates)
+    out, lse, _sem, _slots = launch.run(spec, q, k.astype(q.dtype), v.astype(q.dtype), templates)
     return out, lse
 
 
@@ -110,7 +112,7 @@ def attention_fwd(q, k, v, runtime, layout: ACSR, scale: float, soft_cap=None):
     _refuse_extras(runtime, soft_cap)
     variant = plan.fwd_variant(layout, q.shape[-1], jnp.dtype(q.dtype).name)
     name, image = plan.compiled(variant)
-    grid = plan.grid(q.shape, variant.persistent, _sm_count())
+    grid = plan.grid(q.shape, variant.schedule, _sm_count())
     maps = plan.tensor_maps(variant.block_n, q.shape, k.shape, v.shape)
     return run_forward(name, image, grid, variant.smem, maps, q, k, v, scale)
 

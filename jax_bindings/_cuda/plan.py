@@ -28,23 +28,30 @@ class FwdVariant:
     ``block_n``: keys per tile (176 on the dense mask, whose long rows amortise the wider tile's
     edge; 128 elsewhere: measured on H100, see ``benchmarks/NOTES.md``); ``stages``: K/V ring
     depth; consumer overlap and ping-pong always on (the spike's best on every mask);
-    ``persistent``: one CTA per SM taking work tiles in turn (on bands bounded on the left, whose
-    row blocks all walk about as far: 1.06-1.24x the grid launch on H100), else one CTA per row
-    block (dense and causal, where the hardware's dynamic block scheduling balances the unequal
-    walks better than the persistent CTAs' static turns: 0.84x on causal at S=16384).
+    ``schedule`` (:data:`source.SCHEDULES`): how CTAs get work tiles, by measurement on H100
+    (``benchmarks/spike_cuda_persistent.py``, NOTES.md session 11). ``"queue"``, one CTA per SM
+    taking tiles by ticket, a head after another, on dense (1.02-1.04x the grid launch);
+    ``"strided"``, one CTA per SM taking every ``gridDim.x``-th tile, on bands bounded on the
+    left, whose row blocks all walk about as far (1.06-1.24x the grid launch; the queue within
+    noise of it); ``"grid"``, one CTA per row block, on causal, where the queue was 0.98-1.01x
+    and the strided turns 0.88x at S=16384.
     """
 
     band: acsr.Band
     dtype: str
     block_n: int = source.BN
     stages: int = 2
-    persistent: bool = False
+    schedule: str = "grid"
+
+    def __post_init__(self):
+        if self.schedule not in source.SCHEDULES:
+            raise ValueError(f"schedule must be one of {sorted(source.SCHEDULES)}, got {self.schedule!r}")
 
     def named_source(self) -> tuple[str, str]:
         """``(kernel name, CUDA C++)``, the name unique to the source (:func:`source.with_unique_name`)."""
         return source.with_unique_name(source.source(
             self.band.left, self.band.right, stages=self.stages, block_n=self.block_n, dtype=self.dtype,
-            persistent=self.persistent))
+            schedule=self.schedule))
 
     @property
     def smem(self) -> int:
@@ -89,18 +96,19 @@ def bwd_variant(layout: ACSR, head_dim: int, dtype: str) -> BwdVariant:
 
 
 # Query rows a key block's walk covers (``left + right + BN``) from which the backend offers
-# its backward: a key block's walk of 16 query blocks or more (see offered_bwd_variant).
-MIN_BWD_BAND_ROWS = 1024
+# its backward: a key block's walk of 10 query blocks or more (see offered_bwd_variant).
+MIN_BWD_BAND_ROWS = 640
 
 
 def offered_bwd_variant(layout: ACSR, head_dim: int, dtype: str) -> BwdVariant:
     """The backward kernel the backend runs for this call, or NotImplementedError saying why not.
 
-    Offered where each key block walks at least 16 query blocks (a band of
-    :data:`MIN_BWD_BAND_ROWS` rows with the key block: dense, causal, causal windows of ~900 and
-    more). On H100 at S = 16384 it is 1.42x the Triton backward on dense, 1.31x on causal, 1.10x
-    on a causal window of 1024 (18 steps), and 0.99x on a sliding window (256, 256) (11 steps),
-    whose backward goes to the next backend (``benchmarks/NOTES.md``, session 10).
+    Offered where each key block walks at least 10 query blocks (a band of
+    :data:`MIN_BWD_BAND_ROWS` rows with the key block: dense, causal, sliding windows (256, 256)
+    and causal windows of ~500 and more). On H100 it is 1.42-1.52x the Triton backward on dense
+    and causal, 1.24x on a causal window of 1024 (18 steps) and 1.02-1.04x on a sliding window
+    (256, 256) (11 steps) at S = 8192 and 16384; narrower windows, not measured, go to the next
+    backend (``benchmarks/NOTES.md``, session 11).
     """
     variant = bwd_variant(layout, head_dim, dtype)
     band = variant.band
@@ -109,8 +117,8 @@ def offered_bwd_variant(layout: ACSR, head_dim: int, dtype: str) -> BwdVariant:
         if rows < MIN_BWD_BAND_ROWS:
             raise NotImplementedError(
                 f"the cuda backward is offered on bands of {MIN_BWD_BAND_ROWS} rows or more with a key "
-                f"block (this one: {rows}); on narrower windows it is not faster than the Triton backward "
-                "on H100 (benchmarks/NOTES.md, session 10)")
+                f"block (this one: {rows}); narrower windows were not measured faster than the Triton "
+                "backward on H100 (benchmarks/NOTES.md, session 11)")
     return variant
 
 
@@ -118,7 +126,8 @@ def fwd_variant(layout: ACSR, head_dim: int, dtype: str) -> FwdVariant:
     """The forward kernel for this call, or NotImplementedError saying why none is generated."""
     band = _band(layout, head_dim, dtype)
     dense = band.left is None and band.right is None
-    return FwdVariant(band, dtype, block_n=176 if dense else source.BN, persistent=band.left is not None)
+    schedule = "queue" if dense else "strided" if band.left is not None else "grid"
+    return FwdVariant(band, dtype, block_n=176 if dense else source.BN, schedule=schedule)
 
 
 @functools.lru_cache(maxsize=64)
@@ -128,12 +137,15 @@ def compiled(variant: FwdVariant | BwdVariant) -> tuple[str, bytes]:
     return name, compiler.cubin(text)
 
 
-def grid(q_shape: tuple[int, ...], persistent: bool, sm_count: int) -> tuple[int, int, int]:
-    """CTAs of the forward over ``q [B, Sq, H, D]``: (row blocks, heads, batch), or, persistent,
-    one per SM (``sm_count``) up to the number of work tiles."""
+def grid(q_shape: tuple[int, ...], schedule: str, sm_count: int) -> tuple[int, int, int]:
+    """CTAs of the forward over ``q [B, Sq, H, D]`` for ``schedule``: ``"grid"``, (row blocks,
+    heads, batch); ``"strided"`` and ``"queue"``, one per SM (``sm_count``) up to the number of
+    work tiles."""
+    if schedule not in source.SCHEDULES:
+        raise ValueError(f"schedule must be one of {sorted(source.SCHEDULES)}, got {schedule!r}")
     B, Sq, H, _ = q_shape
     row_blocks = -(-Sq // source.BM)
-    if persistent:
+    if schedule != "grid":
         return min(sm_count, row_blocks * H * B), 1, 1
     return row_blocks, H, B
 

@@ -2,8 +2,14 @@
 
 The generator of the ``cuda`` backend (:mod:`jax_bindings._cuda.backend`, which picks the
 variant in :mod:`jax_bindings._cuda.plan`); ``benchmarks/spike_cuda_fwd.py`` builds and times
-its schedules and feeds. One CTA owns ``BM = 128`` query rows of one (batch, head) and
-walks the key tiles of ``block_n`` keys (128 or 176) that its rows can see:
+its consumer schedules and feeds, ``benchmarks/spike_cuda_persistent.py`` its CTA schedules. A
+work tile is ``BM = 128`` query rows of one (batch, head); the CTA running it walks the key
+tiles of ``block_n`` keys (128 or 176) that its rows can see. CTAs get work tiles by the
+``schedule``: ``grid``, one CTA per tile; ``strided``, one CTA per SM taking every
+``gridDim.x``-th tile; ``queue``, one CTA per SM taking the next tile by ticket from an atomic
+counter (``sem``), so that CTAs finishing early take more. Tiles go longest walk first (the
+queue's and the grid's within a head, one (batch, head) after another; the strided schedule's
+with heads interleaved). In a CTA:
 
 * warps 0-7 are two consumer warpgroups of 64 rows each: ``S = Q K^T`` and ``O += P V`` with
   ``wgmma`` (``m64nNk16``, bf16 in, fp32 accumulators); Q and K from shared memory through
@@ -15,7 +21,10 @@ walks the key tiles of ``block_n`` keys (128 or 176) that its rows can see:
   V tiles into a ring of ``stages`` buffers, each completing on an mbarrier, by TMA (one lane
   issues ``cp.async.bulk.tensor`` through tensor maps it published for the CTA) or by ``cp.async``
   (16 bytes a thread); consumers release a buffer on a second mbarrier once their ``wgmma``
-  reading it is done;
+  reading it is done. In the ``queue`` schedule that lane also takes the tickets: the next one
+  once the current tile's loads are all issued (so the next tile's loads overlap the current
+  one's end), published to the consumers in one of two shared-memory slots (``item_full`` /
+  ``item_empty`` mbarriers), ``-1`` once the tickets reach the number of work tiles;
 * tiles are stored in 64-column blocks of 128-byte rows with the 128-byte swizzle (16-byte
   chunk ``c`` of row ``r`` at chunk ``c ^ (r % 8)``): the layout ``wgmma`` reads K-major (Q, K)
   and, for V, MN-major, with no bank conflicts;
@@ -25,13 +34,15 @@ walks the key tiles of ``block_n`` keys (128 or 176) that its rows can see:
 
 Mask: a query at row ``i`` sees keys ``j`` with ``i - left <= j <= i + right`` (``None``: no
 bound; either may be negative), ``0 <= j < Skv``; a row block that sees no key skips its walk
-(its rows give ``out = 0``, ``lse = -inf``). Dense is ``(None, None)``; causal ``(None, 0)``; a
-causal window of ``W`` keys ``(W - 1, 0)``. Inputs ``[B, S, H, D]`` bf16 or fp16 (``dtype``)
-with ``D = 128``, GQA by ``H // Hkv``; outputs ``out [B, Sq, H, D]`` in the input dtype and
-``lse [B, H, Sq]`` fp32 (natural log; ``-inf`` and ``out = 0`` on a row with no key).
+(the producer loads nothing for it; the consumers still write its rows: ``out = 0``,
+``lse = -inf``). Dense is ``(None, None)``; causal ``(None, 0)``; a causal window of ``W`` keys
+``(W - 1, 0)``. Inputs ``[B, S, H, D]`` bf16 or fp16 (``dtype``) with ``D = 128``, GQA by
+``H // Hkv``; outputs ``out [B, Sq, H, D]`` in the input dtype and ``lse [B, H, Sq]`` fp32
+(natural log; ``-inf`` and ``out = 0`` on a row with no key). ``sem`` is one int32, zeroed
+before the launch (the queue's ticket counter; passed, unused, by the other schedules).
 Parameters: the array inputs, the scalars, then the array outputs (the order jaxlib's kernel
 call hands buffers in): ``q, k, v, tmap_templates, Sq, Skv, H, Hkv, B, scale_log2, out, lse,
-tmap_slots``.
+sem, tmap_slots``.
 """
 
 from __future__ import annotations
@@ -49,17 +60,25 @@ THREADS = (CONSUMER_WARPS + PRODUCER_WARPS) * 32
 KERNEL_NAME = "splat_fwd_wgmma"
 UNBOUNDED = 1 << 30
 FEEDS = {"cp.async": 0, "tma": 1, "none": 2}
+SCHEDULES = {"grid": 0, "strided": 1, "queue": 2}  # how CTAs get their work tiles (see source())
 
 
 SLOT_BYTES = 384  # global memory a CTA publishes its K, V and Q tensor maps in
 SMEM_LIMIT = 232448  # bytes of shared memory a CTA may opt into on sm_90
 
 
+def bar_bytes(stages: int) -> int:
+    """Shared memory of the mbarriers (32 bytes a stage, 16 for Q, 32 for the two ticket slots)
+    and the two tickets (8 bytes), padded to 128: 128 bytes with 2 stages, 256 with 3."""
+    return -(-(32 * stages + 56) // 128) * 128
+
+
 def smem_bytes(stages: int, block_n: int = BN) -> int:
-    """Dynamic shared memory: Q, ``stages`` K and V tiles, the mbarriers (32 bytes a stage and 16
-    for Q, padded to 128), three tensor-map staging buffers of 128 bytes, 1 KiB for alignment."""
+    """Dynamic shared memory, the same for every schedule: Q, ``stages`` K and V tiles, the
+    mbarriers and tickets (:func:`bar_bytes`), three tensor-map staging buffers of 128 bytes,
+    1 KiB for alignment."""
     tile = block_n * D * 2
-    return BM * D * 2 + 2 * stages * tile + -(-(32 * stages + 16) // 128) * 128 + 384 + 1024
+    return BM * D * 2 + 2 * stages * tile + bar_bytes(stages) + 384 + 1024
 
 
 def wgmma_ss(n: int, transposed: bool = False) -> str:
@@ -203,41 +222,61 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 _KERNEL = r"""
 constexpr int BM = __BM__, BN = __BN__, HD = __D__, STAGES = __STAGES__, SN = BN / 2;
 constexpr int LEFT = __LEFT__, RIGHT = __RIGHT__;  // key j seen by row i: i - LEFT <= j <= i + RIGHT
-constexpr bool OVERLAP = __OVERLAP__, PINGPONG = __PINGPONG__, PERSISTENT = __PERSISTENT__;
+constexpr bool OVERLAP = __OVERLAP__, PINGPONG = __PINGPONG__;
+constexpr int SCHEDULE = __SCHEDULE__;  // 0: grid, 1: strided, 2: queue
+constexpr bool PERSISTENT = SCHEDULE != 0;  // one CTA per SM looping over work tiles, Q by TMA
 constexpr int FEED = __FEED__;  // 0: cp.async, 1: TMA, 2: none (a timing experiment)
 constexpr bool PROXY_FENCE = __PROXY_FENCE__;
 constexpr uint32_t TILE = BN * HD * 2, QBYTES = BM * HD * 2;
+// mbarriers (4 a stage, q_full, q_empty, item_full x 2, item_empty x 2) and the two tickets
+constexpr uint32_t BAR_BYTES = __BAR_BYTES__;
+static_assert(BAR_BYTES >= 8 * (4 * STAGES + 6) + 8, "the mbarriers and tickets overflow their space");
 
 extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
     const uint16_t* __restrict__ v, const uint8_t* __restrict__ tmap_templates,
     int Sq, int Skv, int H, int Hkv, int B, float scale_log2,
-    uint16_t* __restrict__ out, float* __restrict__ lse, uint8_t* __restrict__ tmap_slots) {
+    uint16_t* __restrict__ out, float* __restrict__ lse, int* __restrict__ sem,
+    uint8_t* __restrict__ tmap_slots) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = (uint8_t*)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   const uint32_t s_q = smem_addr(smem);
   const uint32_t s_k = s_q + QBYTES;
   const uint32_t s_v = s_k + STAGES * TILE;
-  // mbarriers: full_k, full_v, empty_k, empty_v (STAGES each), then q_full, q_empty
+  // mbarriers: full_k, full_v, empty_k, empty_v (STAGES each), q_full, q_empty, item_full,
+  // item_empty (2 each); then the two ticket slots
   const uint32_t s_bar = s_v + STAGES * TILE;
-  uint8_t* tmap_stage = smem + (s_bar - s_q) + (32 * STAGES + 16 + 127) / 128 * 128;  // 3 x 128 bytes
+  uint8_t* tmap_stage = smem + (s_bar - s_q) + BAR_BYTES;  // 3 x 128 bytes
   auto full_k = [&](int s) { return s_bar + 8 * s; };
   auto full_v = [&](int s) { return s_bar + 8 * (STAGES + s); };
   auto empty_k = [&](int s) { return s_bar + 8 * (2 * STAGES + s); };
   auto empty_v = [&](int s) { return s_bar + 8 * (3 * STAGES + s); };
   const uint32_t q_full = s_bar + 8 * (4 * STAGES), q_empty = q_full + 8;
+  auto item_full = [&](int slot) { return q_full + 8 * (2 + slot); };
+  auto item_empty = [&](int slot) { return q_full + 8 * (4 + slot); };
+  // queue: two slots (4 bytes each) for the tickets of the CTA's current and next work tile
+  const uint32_t s_ticket = q_full + 8 * 6;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int n_row_blocks = (Sq + BM - 1) / BM;
-  // Work tiles are (row block, head, batch), longest walks first. A persistent CTA takes every
-  // gridDim.x-th one; otherwise a CTA owns the one its block index names.
+  // Work tiles are (row block, head, batch), longest walks first. A CTA of the strided schedule
+  // takes every gridDim.x-th one, of the queue the one its ticket names; otherwise a CTA owns the
+  // one its block index names.
   struct Work { int h, b, m0, t0, n_tiles; };
   auto work = [&](int w) {
     Work x;
     int mb;
-    if (PERSISTENT) {
+    if (SCHEDULE == 1) {
+      // strided: heads interleaved, so that each CTA's static share mixes long and short walks
       const int hb = w % (H * B);
       mb = n_row_blocks - 1 - w / (H * B);
+      x.h = hb % H;
+      x.b = hb / H;
+    } else if (SCHEDULE == 2) {
+      // queue: one (batch, head) after another, as the grid's blocks start, so the CTAs running
+      // at once share a head's K/V in L2
+      const int hb = w / n_row_blocks;
+      mb = n_row_blocks - 1 - w % n_row_blocks;
       x.h = hb % H;
       x.b = hb / H;
     } else {
@@ -254,8 +293,21 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     x.n_tiles = max(x.t0, (hi + BN - 1) / BN) - x.t0;
     return x;
   };
-  const int w_first = PERSISTENT ? (int)blockIdx.x : 0, w_step = PERSISTENT ? (int)gridDim.x : 1;
   const int n_work = PERSISTENT ? n_row_blocks * H * B : 1;
+  // grid and strided: the CTA's n-th work tile (-1: none left); the queue's come by ticket
+  auto scheduled = [&](int n) {
+    const int w = SCHEDULE == 1 ? (int)blockIdx.x + n * (int)gridDim.x : n;
+    return w < n_work ? w : -1;
+  };
+  // queue: the ticket of the CTA's n-th work tile, published by the producer (consumer warps)
+  auto next_ticket = [&](int n) {
+    mbar_wait(item_full(n & 1), (n >> 1) & 1);
+    int ticket;
+    asm volatile("ld.shared.b32 %0, [%1];" : "=r"(ticket) : "r"(s_ticket + 4 * (n & 1)) : "memory");
+    __syncwarp();
+    if (lane == 0) mbar_arrive(item_empty(n & 1));
+    return ticket;
+  };
 
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
@@ -266,6 +318,10 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     }
     mbar_init(q_full, 1);
     mbar_init(q_empty, __CONSUMER_WARPS__);
+    for (int slot = 0; slot < 2; ++slot) {
+      mbar_init(item_full(slot), 1);
+      mbar_init(item_empty(slot), __CONSUMER_WARPS__);
+    }
   }
   __syncthreads();
 
@@ -286,9 +342,22 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
       publish_tmap(gv, tmap_templates + 128, tmap_stage + 128, v, lane);
       if (PERSISTENT) publish_tmap(gq, tmap_templates + 256, tmap_stage + 256, q, lane);
       if (lane != 0) return;
-      for (int w = w_first; w < n_work; w += w_step) {
+      for (int n = 0;; ++n) {
+        int w;
+        if (SCHEDULE == 2) {
+          // the next ticket, taken once the last tile's loads are all issued (its slot is free
+          // once the consumers read the ticket two tiles back)
+          if (n >= 2) mbar_wait(item_empty(n & 1), ((n >> 1) - 1) & 1);
+          w = atomicAdd(sem, 1);
+          if (w >= n_work) w = -1;
+          asm volatile("st.shared.b32 [%0], %1;" :: "r"(s_ticket + 4 * (n & 1)), "r"(w) : "memory");
+          mbar_arrive(item_full(n & 1));
+        } else {
+          w = scheduled(n);
+        }
+        if (w < 0) break;
         const Work x = work(w);
-        if (x.n_tiles == 0) continue;
+        if (x.n_tiles == 0) continue;  // the consumers write its rows without a walk
         const int hkv = x.h / (H / Hkv);
         if (PERSISTENT) {
           if (qn > 0) mbar_wait(q_empty, (qn - 1) & 1);
@@ -297,18 +366,21 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
           tma_load_4d(s_q + BM * 128, gq, q_full, 64, x.h, x.m0, x.b);
           ++qn;
         }
-        for (int t = 0; t < x.n_tiles; ++t) {
-          const int r = ring + t, s = r % STAGES, n0 = (x.t0 + t) * BN;
-          if (r >= STAGES) mbar_wait(empty_k(s), ((r / STAGES) & 1) ^ 1);
+        // ring counts the tiles as they are issued; the loop is not unrolled (with the queue's
+        // state, an unrolled one spills: the lane has 24 registers)
+        const int r_end = ring + x.n_tiles;
+#pragma unroll 1
+        for (int n0 = x.t0 * BN; ring < r_end; ++ring, n0 += BN) {
+          const int s = ring % STAGES, parity = ((ring / STAGES) & 1) ^ 1;
+          if (ring >= STAGES) mbar_wait(empty_k(s), parity);
           mbar_expect_tx(full_k(s), TILE);
           tma_load_4d(s_k + s * TILE, gk, full_k(s), 0, hkv, n0, x.b);
           tma_load_4d(s_k + s * TILE + BN * 128, gk, full_k(s), 64, hkv, n0, x.b);
-          if (r >= STAGES) mbar_wait(empty_v(s), ((r / STAGES) & 1) ^ 1);
+          if (ring >= STAGES) mbar_wait(empty_v(s), parity);
           mbar_expect_tx(full_v(s), TILE);
           tma_load_4d(s_v + s * TILE, gv, full_v(s), 0, hkv, n0, x.b);
           tma_load_4d(s_v + s * TILE + BN * 128, gv, full_v(s), 64, hkv, n0, x.b);
         }
-        ring += x.n_tiles;
       }
     } else {
       // every producer thread copies 16 of the tile's rows (one 16-byte chunk each); a tile
@@ -326,7 +398,9 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
           mbar_arrive(full);
         }
       };
-      for (int w = w_first; w < n_work; w += w_step) {
+      for (int n = 0;; ++n) {
+        const int w = scheduled(n);
+        if (w < 0) break;
         const Work x = work(w);
         const int hkv = x.h / (H / Hkv);
         const uint16_t* kb = k + ((size_t)x.b * Skv * Hkv + hkv) * HD;
@@ -418,7 +492,9 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   int ring = 0, qn = 0;  // K/V tiles and Q tiles this CTA has consumed so far
   auto stage = [&](int t) { return (ring + t) % STAGES; };
   auto phase = [&](int t) { return ((ring + t) / STAGES) & 1; };
-  for (int w = w_first; w < n_work; w += w_step) {
+  for (int n = 0;; ++n) {
+  const int w = SCHEDULE == 2 ? next_ticket(n) : scheduled(n);
+  if (w < 0) break;
   const Work x = work(w);
   m0 = x.m0;
   rows[0] = m0 + 64 * wg + 16 * (warp % 4) + lane / 4;  // fragment rows r and r + 8 of the warp's 16
@@ -580,17 +656,20 @@ ELEMENTS = {"bfloat16": "bf16", "float16": "f16"}  # input dtype -> PTX element 
 
 def source(left: int | None, right: int | None, *, stages: int = 2, overlap: bool = True,
            pingpong: bool = True, feed: str = "tma", proxy_fence: bool | None = None,
-           block_n: int = BN, dtype: str = "bfloat16", persistent: bool = False) -> str:
+           block_n: int = BN, dtype: str = "bfloat16", schedule: str = "grid") -> str:
     """The kernel's CUDA C++ for the mask ``i - left <= j <= i + right`` (``None``: unbounded).
 
     ``feed``: how K/V reach shared memory: ``"tma"`` (tensor maps: ``tmap_templates`` holds K's,
     V's and Q's, encoded on the host for the call's shapes; each CTA publishes them with its base
     addresses in its :data:`SLOT_BYTES` slot of ``tmap_slots``), ``"cp.async"``, or ``"none"`` (a
-    timing experiment: no copies, the output is not attention). ``persistent``: launch at most
-    one CTA per SM (``grid = (CTAs, 1, 1)``) and let each take every ``gridDim.x``-th work tile
-    (row block, head, batch; longest walks first); the producer then loads Q by TMA too, the next
-    tile's Q and K/V while the consumers finish the last one, and the maps are published once a
-    CTA. Otherwise ``grid = (row blocks, H, B)`` and the consumers load Q with cp.async.
+    timing experiment: no copies, the output is not attention). ``schedule`` (:data:`SCHEDULES`):
+    ``"grid"`` launches ``grid = (row blocks, H, B)``, a CTA per work tile, and the consumers load
+    Q with cp.async; ``"strided"`` and ``"queue"`` launch at most one CTA per SM (``grid = (CTAs,
+    1, 1)``) looping over work tiles (row block, head, batch; longest walks first): with
+    ``"strided"`` each takes every ``gridDim.x``-th one, with ``"queue"`` the next one by ticket
+    from the counter ``sem`` (zeroed before the launch). Those two need ``feed="tma"``: the
+    producer loads Q by TMA too, the next tile's Q and K/V while the consumers finish the last
+    one, and the maps are published once a CTA.
     ``proxy_fence``: the consumers' generic -> async proxy fence after each wait (needed for
     cp.async; default on for it only). ``block_n``:
     keys per tile (the wgmma N of ``Q K^T``). V's MN-major descriptor has the 64-column block
@@ -599,8 +678,10 @@ def source(left: int | None, right: int | None, *, stages: int = 2, overlap: boo
     """
     if feed not in FEEDS:
         raise ValueError(f"feed must be one of {sorted(FEEDS)}, got {feed!r}")
-    if persistent and feed != "tma":
-        raise ValueError(f"persistent=True needs feed='tma' (Q comes by TMA), got feed={feed!r}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}, got {schedule!r}")
+    if schedule != "grid" and feed != "tma":
+        raise ValueError(f"schedule={schedule!r} needs feed='tma' (Q comes by TMA), got feed={feed!r}")
     if block_n % 16 or not 16 <= block_n <= 256:
         raise ValueError(f"block_n must be a multiple of 16 in [16, 256], got {block_n}")
     check_arguments(left, right, stages, dtype)
@@ -612,7 +693,7 @@ def source(left: int | None, right: int | None, *, stages: int = 2, overlap: boo
         "__PINGPONG__": str(pingpong).lower(), "__PRODUCER_WARPS__": PRODUCER_WARPS,
         "__FEED__": FEEDS[feed], "__PROXY_FENCE__": str(feed == "cp.async" if proxy_fence is None
                                                         else proxy_fence).lower(),
-        "__PERSISTENT__": str(persistent).lower(), "__SLOT_BYTES__": SLOT_BYTES,
+        "__SCHEDULE__": SCHEDULES[schedule], "__SLOT_BYTES__": SLOT_BYTES, "__BAR_BYTES__": bar_bytes(stages),
         "__PRODUCER_REGS__": PRODUCER_REGS, "__CONSUMER_REGS__": CONSUMER_REGS, "__ELEM__": ELEMENTS[dtype],
     }
     text = HELPERS + wgmma_ss(block_n) + wgmma_rs(D) + _KERNEL
