@@ -17,19 +17,10 @@ import sys
 
 import jax
 import jax.numpy as jnp
+from spike_cuda_bwd import MASKS, SCALE, D, H  # beside this script
 
 from jax_bindings._cuda import backend as cb
-from splat import masks
 from splat.tools import peers
-
-D, H = 128, 16
-SCALE = D**-0.5
-MASKS = {
-    "full": masks.full(),
-    "causal": masks.causal(),
-    "causal_window_1024": masks.sliding_window(1023, 0),
-    "sliding_window_256": masks.sliding_window(256, 256),
-}
 
 
 def main(argv=None) -> int:
