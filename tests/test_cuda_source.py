@@ -87,7 +87,8 @@ def test_every_schedule_has_one_signature_and_the_queue_takes_tickets():
         params = " ".join(params.split())
         assert params.endswith("float* lse, int* sem, uint8_t* tmap_slots"), params
         assert f"SCHEDULE = {gen.SCHEDULES[schedule]};" in text
-    assert "atomicAdd(sem, 1)" in gen.source(1023, 0, schedule="queue")
+    queue = gen.source(1023, 0, schedule="queue")
+    assert "atomicAdd(counter, 1)" in queue and "publish_ticket(n, sem, n_work" in queue
     names = {gen.with_unique_name(gen.source(1023, 0, schedule=s))[0] for s in gen.SCHEDULES}
     assert len(names) == len(gen.SCHEDULES)
 

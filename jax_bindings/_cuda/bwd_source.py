@@ -153,7 +153,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   auto full = [&](int s) { return s_bar + 8 * (10 + s); };
   auto empty = [&](int s) { return s_bar + 8 * (10 + STAGES + s); };
   // two slots for the tickets of the CTA's current and next work item
-  volatile int* item_ticket = (volatile int*)(smem + (s_bar + 8 * (10 + 2 * STAGES) - s_k));
+  const uint32_t s_ticket = s_bar + 8 * (10 + 2 * STAGES);
   uint8_t* tmap_stage = smem + (s_bar - s_k) + (8 * (10 + 2 * STAGES) + 16 + 127) / 128 * 128;  // 4 x 128
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -195,13 +195,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     return it;
   };
   // the ticket of the CTA's item number `n` (-1: none left), for consumers and writers
-  auto next_ticket = [&](int n) {
-    mbar_wait(item_full(n & 1), (n >> 1) & 1);
-    const int ticket = item_ticket[n & 1];
-    __syncwarp();
-    if (lane == 0) mbar_arrive(item_empty(n & 1));
-    return ticket;
-  };
+  auto next_ticket = [&](int n) { return read_ticket(n, s_ticket, item_full(0), item_empty(0)); };
 
   if (warp >= __CONSUMER_WARPS__) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 __PRODUCER_REGS__;" ::: "memory");
@@ -261,13 +255,9 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     if (lane != 0) return;
     int g0 = 0;
     for (int n = 0;; ++n) {
-      if (n >= 2) mbar_wait(item_empty(n & 1), ((n >> 1) - 1) & 1);
       // Taken once the last item's loads are all issued. A CTA waits only on items with a smaller
       // ticket, each already taken by a running CTA: the waits cannot deadlock.
-      int ticket = atomicAdd(sem, 1);
-      if (ticket >= n_items) ticket = -1;
-      item_ticket[n & 1] = ticket;
-      mbar_arrive(item_full(n & 1));
+      const int ticket = publish_ticket(n, sem, n_items, s_ticket, item_full(0), item_empty(0));
       if (ticket < 0) break;
       const Item w = item_of(ticket);
       auto load_kv = [&]() {

@@ -44,8 +44,7 @@ class FwdVariant:
     schedule: str = "grid"
 
     def __post_init__(self):
-        if self.schedule not in source.SCHEDULES:
-            raise ValueError(f"schedule must be one of {sorted(source.SCHEDULES)}, got {self.schedule!r}")
+        source.check_schedule(self.schedule)
 
     def named_source(self) -> tuple[str, str]:
         """``(kernel name, CUDA C++)``, the name unique to the source (:func:`source.with_unique_name`)."""
@@ -141,8 +140,7 @@ def grid(q_shape: tuple[int, ...], schedule: str, sm_count: int) -> tuple[int, i
     """CTAs of the forward over ``q [B, Sq, H, D]`` for ``schedule``: ``"grid"``, (row blocks,
     heads, batch); ``"strided"`` and ``"queue"``, one per SM (``sm_count``) up to the number of
     work tiles."""
-    if schedule not in source.SCHEDULES:
-        raise ValueError(f"schedule must be one of {sorted(source.SCHEDULES)}, got {schedule!r}")
+    source.check_schedule(schedule)
     B, Sq, H, _ = q_shape
     row_blocks = -(-Sq // source.BM)
     if schedule != "grid":

@@ -144,6 +144,28 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n"
                :: "r"(bar) : "memory");
 }
+// Work tickets: one producer lane hands each of the CTA's work items to the consumer warps through
+// two shared-memory slots (``slots``: 2 x 4 bytes, the current item's and the next one's), slot i
+// guarded by the mbarriers ``full + 8 i`` (count 1) and ``empty + 8 i`` (one arrival a reader warp).
+// The producer's n-th ticket, taken from ``counter`` (-1 at or past ``limit``) once slot n % 2 is free:
+__device__ __forceinline__ int publish_ticket(int n, int* counter, int limit, uint32_t slots, uint32_t full,
+                                              uint32_t empty) {
+  if (n >= 2) mbar_wait(empty + 8 * (n & 1), ((n >> 1) - 1) & 1);
+  int ticket = atomicAdd(counter, 1);
+  if (ticket >= limit) ticket = -1;
+  asm volatile("st.shared.b32 [%0], %1;" :: "r"(slots + 4 * (n & 1)), "r"(ticket) : "memory");
+  mbar_arrive(full + 8 * (n & 1));
+  return ticket;
+}
+// A reader warp's n-th ticket (its lane 0 releases the slot):
+__device__ __forceinline__ int read_ticket(int n, uint32_t slots, uint32_t full, uint32_t empty) {
+  mbar_wait(full + 8 * (n & 1), (n >> 1) & 1);
+  int ticket;
+  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(ticket) : "r"(slots + 4 * (n & 1)) : "memory");
+  __syncwarp();
+  if (threadIdx.x % 32 == 0) mbar_arrive(empty + 8 * (n & 1));
+  return ticket;
+}
 __device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(bar) : "memory");
 }
@@ -299,15 +321,6 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     const int w = SCHEDULE == 1 ? (int)blockIdx.x + n * (int)gridDim.x : n;
     return w < n_work ? w : -1;
   };
-  // queue: the ticket of the CTA's n-th work tile, published by the producer (consumer warps)
-  auto next_ticket = [&](int n) {
-    mbar_wait(item_full(n & 1), (n >> 1) & 1);
-    int ticket;
-    asm volatile("ld.shared.b32 %0, [%1];" : "=r"(ticket) : "r"(s_ticket + 4 * (n & 1)) : "memory");
-    __syncwarp();
-    if (lane == 0) mbar_arrive(item_empty(n & 1));
-    return ticket;
-  };
 
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
@@ -345,13 +358,8 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
       for (int n = 0;; ++n) {
         int w;
         if (SCHEDULE == 2) {
-          // the next ticket, taken once the last tile's loads are all issued (its slot is free
-          // once the consumers read the ticket two tiles back)
-          if (n >= 2) mbar_wait(item_empty(n & 1), ((n >> 1) - 1) & 1);
-          w = atomicAdd(sem, 1);
-          if (w >= n_work) w = -1;
-          asm volatile("st.shared.b32 [%0], %1;" :: "r"(s_ticket + 4 * (n & 1)), "r"(w) : "memory");
-          mbar_arrive(item_full(n & 1));
+          // the next ticket, taken once the last tile's loads are all issued
+          w = publish_ticket(n, sem, n_work, s_ticket, item_full(0), item_empty(0));
         } else {
           w = scheduled(n);
         }
@@ -493,7 +501,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   auto stage = [&](int t) { return (ring + t) % STAGES; };
   auto phase = [&](int t) { return ((ring + t) / STAGES) & 1; };
   for (int n = 0;; ++n) {
-  const int w = SCHEDULE == 2 ? next_ticket(n) : scheduled(n);
+  const int w = SCHEDULE == 2 ? read_ticket(n, s_ticket, item_full(0), item_empty(0)) : scheduled(n);
   if (w < 0) break;
   const Work x = work(w);
   m0 = x.m0;
@@ -647,6 +655,12 @@ def check_arguments(left, right, stages: int, dtype: str) -> None:
             raise ValueError(f"{name} must be an int of magnitude < 2**30 or None, got {x!r}")
 
 
+def check_schedule(schedule: str) -> None:
+    """ValueError naming ``schedule`` unless it is one of :data:`SCHEDULES`."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}, got {schedule!r}")
+
+
 def bound(x: int | None) -> int:
     return UNBOUNDED if x is None else int(x)
 
@@ -678,8 +692,7 @@ def source(left: int | None, right: int | None, *, stages: int = 2, overlap: boo
     """
     if feed not in FEEDS:
         raise ValueError(f"feed must be one of {sorted(FEEDS)}, got {feed!r}")
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}, got {schedule!r}")
+    check_schedule(schedule)
     if schedule != "grid" and feed != "tma":
         raise ValueError(f"schedule={schedule!r} needs feed='tma' (Q comes by TMA), got feed={feed!r}")
     if block_n % 16 or not 16 <= block_n <= 256:
