@@ -24,21 +24,12 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+from cuda_spike_cases import MASKS, SCALE, D, H  # beside this script
 
 from jax_bindings._cuda import backend as cb
 from jax_bindings._cuda import plan
 from jax_bindings._triton import backend as tb
-from splat import masks
 from splat.tools import peers, timing
-
-D, H = 128, 16
-SCALE = D**-0.5
-MASKS = {
-    "full": masks.full(),
-    "causal": masks.causal(),
-    "causal_window_1024": masks.sliding_window(1023, 0),
-    "sliding_window_256": masks.sliding_window(256, 256),
-}
 
 
 def _ms(fn, args, feed, n=10) -> float:

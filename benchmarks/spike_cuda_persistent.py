@@ -23,20 +23,12 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+from cuda_spike_cases import MASKS, SCALE, D, H  # beside this script
 
 from jax_bindings._cuda import backend, plan
-from splat import masks
 from splat.tools import peers, timing
 
-D, H = 128, 16
-SCALE = D**-0.5
 SCHEDULES = ("grid", "strided", "queue")
-MASKS = {
-    "full": masks.full(),
-    "causal": masks.causal(),
-    "causal_window_1024": masks.sliding_window(1023, 0),
-    "sliding_window_256": masks.sliding_window(256, 256),
-}
 
 
 def forward(layout, schedule: str):
