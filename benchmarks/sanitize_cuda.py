@@ -3,7 +3,8 @@
 The variants and shapes of ``tests/test_cuda_gpu.py`` (``tests/cuda_cases.py``: dense, causal
 top-left and bottom-right, windows, bands off the diagonal with fully masked rows; GQA; lengths
 that are not tile multiples), in bfloat16 and float16: the forward in every schedule (the
-persistent ones on 5 CTAs, so that each takes several work tiles, the queue also on one per SM),
+persistent ones on 5 CTAs, so that each takes several work tiles, the queue also on one per SM
+and in sections of 3 heads),
 the backward with dQ added in order and in arrival order; each compiled as the backend compiles it
 (``jax_bindings._cuda.plan``) and launched with CuPy (JAX is not imported), so no XLA kernel
 runs under the sanitizer. Each output is checked against a float32 NumPy reference, and so is
@@ -31,8 +32,8 @@ from jax_bindings._cuda import bwd_source, plan, source  # noqa: E402
 
 NP = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 # (forward schedule, CTAs of a persistent one: None for one per SM, else at most that many; on 5,
-# each CTA takes several work tiles)
-LAUNCHES = (("grid", None), ("strided", 5), ("queue", None), ("queue", 5))
+# each CTA takes several work tiles; the queue's sections of (batch, head)s: 0 one after another)
+LAUNCHES = (("grid", None, 0), ("strided", 5, 0), ("queue", None, 0), ("queue", 5, 3), ("queue", 5, 0))
 
 
 def reference(q, k, v, mask, scale):
@@ -126,10 +127,11 @@ def launch(variant, q, k, v, scale, ctas=None):
 
 def main() -> int:
     launched = 0
-    for dtype, (schedule, ctas) in itertools.product(NP, LAUNCHES):
+    for dtype, (schedule, ctas, section) in itertools.product(NP, LAUNCHES):
         for name, sq, skv, left, right, h, hk in CASES:
             layout = band_layout(sq, skv, left, right)
-            variant = dataclasses.replace(plan.fwd_variant(layout, 128, dtype), schedule=schedule)
+            variant = dataclasses.replace(plan.fwd_variant(layout, 128, dtype), schedule=schedule,
+                                          section_bytes=section * 4 * skv * 128)
             rng = np.random.default_rng(sq + skv)
             q = rng.standard_normal((2, sq, h, 128)).astype(NP[dtype])
             k, v = (rng.standard_normal((2, skv, hk, 128)).astype(NP[dtype]) for _ in range(2))
@@ -145,9 +147,10 @@ def main() -> int:
             assert np.all(out[:, empty] == 0) and np.all(np.isneginf(lse[:, :, empty])), f"{name}: empty rows"
             lerr = np.abs(lse[:, :, ~empty] - ref_lse[:, :, ~empty]).max()
             assert lerr < 2e-2, f"{name} {dtype}: lse differs by {lerr:.3g}"
-            kind = schedule if ctas is None else f"{schedule}/{ctas}"
+            kind = (schedule if ctas is None else f"{schedule}/{ctas}") + (f"/{section}h" if section else "")
             print(f"{name:22s} {dtype:9s} {kind:10s} ok (out {err:.1e}, lse {lerr:.1e})")
-            if (schedule, ctas) == LAUNCHES[-1]:  # the backward once per case and dtype, in each dQ order
+            # the backward once per case and dtype, in each dQ order
+            if (schedule, ctas, section) == LAUNCHES[-1]:
                 do = rng.standard_normal(q.shape).astype(NP[dtype])
                 refs = grads_reference(q, k, v, do, mask, scale)
                 for ordered in (True, False):

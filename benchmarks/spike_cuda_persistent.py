@@ -6,10 +6,13 @@ forward (the plan's variant, ``jax_bindings._cuda.plan.fwd_variant``, launched b
 ``jax_bindings._cuda.backend.run_forward``) built with each schedule of
 ``jax_bindings._cuda.source.source``: ``grid`` (a CTA per row block, Q by cp.async), ``strided``
 (a CTA per SM taking every ``gridDim.x``-th work tile) and ``queue`` (a CTA per SM taking work
-tiles by ticket); and FA3's ``flash_mha`` where ``flash_attn3_jax`` imports; each as 10 calls
-chained in one jitted program. The three schedules' ``out`` and ``lse`` must be bit-identical.
+tiles by ticket; ``queue@N`` takes them in sections of as many heads as N MiB of K/V hold,
+longest walks first across a section's heads); and FA3's ``flash_mha`` where ``flash_attn3_jax``
+imports; each as 10 calls chained in one jitted program. Every schedule's ``out`` and ``lse``
+must be bit-identical to the first one's.
 
-    python3 benchmarks/spike_cuda_persistent.py [--lengths 8192 16384] [--out PATH]
+    python3 benchmarks/spike_cuda_persistent.py [--lengths 8192 16384] [--masks causal]
+        [--schedules grid strided queue queue@32] [--out PATH]
 """
 
 from __future__ import annotations
@@ -31,9 +34,12 @@ from splat.tools import peers, timing
 SCHEDULES = ("grid", "strided", "queue")
 
 
-def forward(layout, schedule: str):
-    """``(q, k, v) -> (out, lse)``: the backend's forward on ``layout`` with ``schedule``."""
-    variant = dataclasses.replace(plan.fwd_variant(layout, D, "bfloat16"), schedule=schedule)
+def forward(layout, spec: str):
+    """``(q, k, v) -> (out, lse)``: the backend's forward on ``layout`` with the schedule ``spec``
+    (a schedule name, or ``queue@N``: the queue in sections of N MiB of K/V)."""
+    schedule, _, mib = spec.partition("@")
+    variant = dataclasses.replace(plan.fwd_variant(layout, D, "bfloat16"), schedule=schedule,
+                                  section_bytes=int(float(mib or 0) * 2**20))
     name, image = plan.compiled(variant)
 
     def fn(q, k, v):
@@ -48,8 +54,11 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--lengths", type=int, nargs="+", default=[8192, 16384])
     p.add_argument("--masks", nargs="+", default=list(MASKS), choices=list(MASKS))
+    p.add_argument("--schedules", nargs="+", default=list(SCHEDULES),
+                   help="schedule names, or queue@N (sections of N MiB of K/V); the first is the baseline")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
+    specs, base = a.schedules, a.schedules[0]
     try:
         from flash_attn3_jax import flash_mha as fa3
     except ImportError:
@@ -65,45 +74,46 @@ def main(argv=None) -> int:
             row = {"mask": mname, "S": S}
             fns = {}
             got = {}
-            for s in SCHEDULES:
+            for s in specs:
                 f = forward(layout, s)
                 got[s] = [np.asarray(x) for x in jax.jit(f)(q, k, v)]
                 fns[s] = lambda q, k, v, f=f: f(q, k, v)[0]
             row["schedules_bit_identical"] = all(
                 x.tobytes() == y.tobytes()
-                for s in SCHEDULES[1:] for x, y in zip(got[s], got["grid"], strict=True))
+                for s in specs[1:] for x, y in zip(got[s], got[base], strict=True))
             if fa3 is not None:
                 kw = peers.flash_attn3_arguments(layout)
                 fns["fa3"] = lambda q, k, v, kw=kw: fa3(q, k, v, softmax_scale=SCALE, **kw)
                 ref = np.asarray(jax.jit(fns["fa3"])(q, k, v), np.float32)
-                row["fa3_vs_grid_max_diff"] = float(np.abs(ref - got["grid"][0].astype(np.float32)).max())
+                row[f"fa3_vs_{base}_max_diff"] = float(np.abs(ref - got[base][0].astype(np.float32)).max())
             for n, f in fns.items():
                 ms = timing.chained_ms(f, q, k, v)
                 row[f"{n}_ms"], row[f"{n}_tflops"] = ms, flops / ms * 1e-9
-            for s in SCHEDULES[1:]:
-                row[f"{s}_x_grid"] = row["grid_ms"] / row[f"{s}_ms"]
+            for s in specs[1:]:
+                row[f"{s}_x_{base}"] = row[f"{base}_ms"] / row[f"{s}_ms"]
             if fa3 is not None:
-                for s in SCHEDULES:
+                for s in specs:
                     row[f"{s}_x_fa3"] = row["fa3_ms"] / row[f"{s}_ms"]
             rows.append(row)
             shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}
             print(json.dumps(shown), flush=True)
-    doc = {"schema": "splat-spike-cuda-persistent/2", "device": jax.devices()[0].device_kind,
+    doc = {"schema": "splat-spike-cuda-persistent/3", "device": jax.devices()[0].device_kind,
            "date": datetime.datetime.now().isoformat(timespec="seconds"),
            "settings": {"B": 1, "H": H, "D": D, "dtype": "bfloat16", "chained_calls": 10,
                         "sm_count": backend._sm_count(), "fa3": fa3 is not None,
-                        "flops": "useful: 4*H*nnz*D"},
+                        "schedules": specs, "flops": "useful: 4*H*nnz*D"},
            "rows": rows}
     if a.out:
         with open(a.out, "w") as f:
             json.dump(doc, f, indent=1)
     nan = float("nan")
-    print(f"{'mask':>20} {'S':>6} {'grid':>7} {'strided':>7} {'queue':>7} {'fa3':>7} "
-          f"{'s/g':>6} {'q/g':>6} {'q/fa3':>6} same")
+    print(f"{'mask':>20} {'S':>6} " + " ".join(f"{s:>10}" for s in [*specs, "fa3"])
+          + " " + " ".join(f"{s + '/fa3':>14}" for s in specs) + " same")
     for r in rows:
-        print(f"{r['mask']:>20} {r['S']:>6} {r['grid_tflops']:7.1f} {r['strided_tflops']:7.1f} "
-              f"{r['queue_tflops']:7.1f} {r.get('fa3_tflops', nan):7.1f} {r['strided_x_grid']:6.3f} "
-              f"{r['queue_x_grid']:6.3f} {r.get('queue_x_fa3', nan):6.3f} {r['schedules_bit_identical']}")
+        print(f"{r['mask']:>20} {r['S']:>6} "
+              + " ".join(f"{r.get(s + '_tflops', nan):10.1f}" for s in [*specs, "fa3"]) + " "
+              + " ".join(f"{r.get(s + '_x_fa3', nan):14.3f}" for s in specs)
+              + f" {r['schedules_bit_identical']}")
     return 0 if all(r["schedules_bit_identical"] for r in rows) else 1
 
 

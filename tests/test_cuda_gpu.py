@@ -44,15 +44,17 @@ def _inputs(seed, sq, skv, h, hk, dtype, d=128, b=2):
     return q, k, v, do
 
 
-def _forward(layout, scale, schedule=None, ctas=None):
+def _forward(layout, scale, schedule=None, ctas=None, section=0):
     """The jitted forward ``(q, k, v) -> (out, lse)``: the backend's, or its variant in another
-    ``schedule`` launched on one CTA per SM or, persistent, at most ``ctas``."""
+    ``schedule`` launched on one CTA per SM or, persistent, at most ``ctas``; the queue's heads
+    interleaved in sections of ``section`` (batch, head)s (0: one after another)."""
     if schedule is None:
         return jax.jit(lambda q, k, v: cb.attention_fwd(q, k, v, None, layout, scale))
 
     def fn(q, k, v):
         variant = plan.fwd_variant(layout, q.shape[-1], jnp.dtype(q.dtype).name)
-        variant = dataclasses.replace(variant, schedule=schedule)
+        kv_bytes = 4 * k.shape[1] * k.shape[-1]  # K and V of a head, as the kernel counts them
+        variant = dataclasses.replace(variant, schedule=schedule, section_bytes=section * kv_bytes)
         name, image = plan.compiled(variant)
         grid = plan.grid(q.shape, schedule, ctas or cb._sm_count())
         maps = plan.tensor_maps(variant.block_n, q.shape, k.shape, v.shape)
@@ -97,15 +99,17 @@ def test_reruns_are_bit_identical(schedule):
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_forward_schedules_are_bit_identical(case, ctas):
     """Every schedule computes a work tile alike, whichever CTA takes it: on 3 CTAs each one takes
-    many tiles (the queue's two ticket slots reused, row blocks that see no key among them)."""
+    many tiles (the queue's two ticket slots reused, row blocks that see no key among them); the
+    queue also in sections of 3 (batch, head)s, the last one short."""
     name, sq, skv, left, right, h, hk = case
     layout = _band_layout(sq, skv, left, right)
     q, k, v, _ = _inputs(sq + skv, sq, skv, h, hk, jnp.bfloat16)
     scale = 128**-0.5
     want = [np.asarray(x) for x in _forward(layout, scale, "grid")(q, k, v)]
-    for schedule in ("strided", "queue"):
-        got = [np.asarray(x) for x in _forward(layout, scale, schedule, ctas)(q, k, v)]
-        assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True)), schedule
+    assert (2 * h) % 3, "the last section must be short"
+    for schedule, section in (("strided", 0), ("queue", 0), ("queue", 3)):
+        got = [np.asarray(x) for x in _forward(layout, scale, schedule, ctas, section)(q, k, v)]
+        assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True)), (schedule, section)
 
 
 @pytest.mark.parametrize(

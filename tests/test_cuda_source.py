@@ -30,6 +30,9 @@ from jax_bindings._cuda import source as gen
         (dict(dtype="float32"), "dtype"),
         (dict(schedule="queue", feed="cp.async"), "schedule"),
         (dict(schedule="dynamic"), "schedule"),
+        (dict(schedule="queue", section_bytes=-1), "section_bytes"),
+        (dict(schedule="queue", section_bytes=1.5), "section_bytes"),
+        (dict(schedule="queue", section_bytes=True), "section_bytes"),
     ],
 )
 def test_bad_arguments_are_named(kwargs, name):
@@ -91,16 +94,21 @@ def test_every_schedule_has_one_signature_and_the_queue_takes_tickets():
     assert "atomicAdd(counter, 1)" in queue and "publish_ticket(n, sem, n_work" in queue
     names = {gen.with_unique_name(gen.source(1023, 0, schedule=s))[0] for s in gen.SCHEDULES}
     assert len(names) == len(gen.SCHEDULES)
+    sections = gen.source(None, 0, schedule="queue", section_bytes=16 << 20)
+    assert f"{16 << 20}LL / (4LL * HD" in sections and "0LL / (4LL * HD" in queue
+    assert gen.with_unique_name(sections)[0] != gen.with_unique_name(gen.source(None, 0, schedule="queue"))[0]
 
 
 def test_the_plan_picks_a_schedule_and_its_grid():
     from jax_bindings._cuda import plan
     from splat import masks
 
-    pick = {name: plan.fwd_variant(mask.to_acsr(4096), 128, "bfloat16").schedule
+    pick = {name: (v.schedule, v.section_bytes)
             for name, mask in (("dense", masks.full()), ("causal", masks.causal()),
-                               ("window", masks.sliding_window(1023, 0)))}
-    assert pick == {"dense": "queue", "causal": "grid", "window": "strided"}
+                               ("window", masks.sliding_window(1023, 0)))
+            for v in [plan.fwd_variant(mask.to_acsr(4096), 128, "bfloat16")]}
+    assert pick == {"dense": ("queue", 0), "causal": ("queue", plan.QUEUE_SECTION_BYTES),
+                    "window": ("strided", 0)}
     shape = (2, 1000, 3, 128)  # 8 row blocks, 48 work tiles
     assert plan.grid(shape, "grid", 132) == (8, 3, 2)
     assert plan.grid(shape, "strided", 132) == plan.grid(shape, "queue", 132) == (48, 1, 1)
@@ -122,6 +130,7 @@ VARIANTS = [  # (left, right, source kwargs): the backend's variants, then the s
     (1023, 0, dict(schedule="strided")),
     (1023, 0, dict(schedule="queue")),
     (None, 0, dict(schedule="queue")),
+    (None, 0, dict(schedule="queue", section_bytes=16 << 20)),
     (None, None, dict(block_n=176, schedule="queue", dtype="float16")),
     (-7, 40, dict(schedule="queue", stages=3)),
     (255, 0, dict(overlap=False, pingpong=False)),

@@ -28,13 +28,15 @@ class FwdVariant:
     ``block_n``: keys per tile (176 on the dense mask, whose long rows amortise the wider tile's
     edge; 128 elsewhere: measured on H100, see ``benchmarks/NOTES.md``); ``stages``: K/V ring
     depth; consumer overlap and ping-pong always on (the spike's best on every mask);
-    ``schedule`` (:data:`source.SCHEDULES`): how CTAs get work tiles, by measurement on H100
-    (``benchmarks/spike_cuda_persistent.py``, NOTES.md session 11). ``"queue"``, one CTA per SM
-    taking tiles by ticket, a head after another, on dense (1.02-1.04x the grid launch);
+    ``schedule`` (:data:`source.SCHEDULES`) and ``section_bytes``: how CTAs get work tiles, by
+    measurement on H100 (``benchmarks/spike_cuda_persistent.py``, NOTES.md sessions 11-12).
+    ``"queue"``, one CTA per SM taking tiles by ticket: on dense a head after another
+    (``section_bytes=0``; 1.02-1.04x the grid launch); on causal in sections of the heads whose
+    K/V fit :data:`QUEUE_SECTION_BYTES`, longest walks first across a section (1.19x / 1.02x the
+    grid launch at S = 8192 / 16384, where a head at a time was 1.06x / 1.00x).
     ``"strided"``, one CTA per SM taking every ``gridDim.x``-th tile, on bands bounded on the
-    left, whose row blocks all walk about as far (1.06-1.24x the grid launch; the queue within
-    noise of it); ``"grid"``, one CTA per row block, on causal, where the queue was 0.98-1.01x
-    and the strided turns 0.88x at S=16384.
+    left, whose row blocks all walk about as far (1.05-1.24x the grid launch; the queue within
+    noise of it). ``"grid"``, one CTA per row block, is kept for the spikes and tests.
     """
 
     band: acsr.Band
@@ -42,6 +44,7 @@ class FwdVariant:
     block_n: int = source.BN
     stages: int = 2
     schedule: str = "grid"
+    section_bytes: int = 0
 
     def __post_init__(self):
         source.check_schedule(self.schedule)
@@ -50,7 +53,7 @@ class FwdVariant:
         """``(kernel name, CUDA C++)``, the name unique to the source (:func:`source.with_unique_name`)."""
         return source.with_unique_name(source.source(
             self.band.left, self.band.right, stages=self.stages, block_n=self.block_n, dtype=self.dtype,
-            schedule=self.schedule))
+            schedule=self.schedule, section_bytes=self.section_bytes))
 
     @property
     def smem(self) -> int:
@@ -121,12 +124,19 @@ def offered_bwd_variant(layout: ACSR, head_dim: int, dtype: str) -> BwdVariant:
     return variant
 
 
+# K/V bytes of the heads a causal forward's queue interleaves (a section): 4 heads at S = 8192,
+# 2 at 16384; measured against 32 and 64 MiB and one head (NOTES.md, session 12).
+QUEUE_SECTION_BYTES = 16 << 20
+
+
 def fwd_variant(layout: ACSR, head_dim: int, dtype: str) -> FwdVariant:
     """The forward kernel for this call, or NotImplementedError saying why none is generated."""
     band = _band(layout, head_dim, dtype)
-    dense = band.left is None and band.right is None
-    schedule = "queue" if dense else "strided" if band.left is not None else "grid"
-    return FwdVariant(band, dtype, block_n=176 if dense else source.BN, schedule=schedule)
+    if band.left is None and band.right is None:
+        return FwdVariant(band, dtype, block_n=176, schedule="queue")
+    if band.left is None:
+        return FwdVariant(band, dtype, schedule="queue", section_bytes=QUEUE_SECTION_BYTES)
+    return FwdVariant(band, dtype, schedule="strided")
 
 
 @functools.lru_cache(maxsize=64)

@@ -8,8 +8,9 @@ tiles of ``block_n`` keys (128 or 176) that its rows can see. CTAs get work tile
 ``schedule``: ``grid``, one CTA per tile; ``strided``, one CTA per SM taking every
 ``gridDim.x``-th tile; ``queue``, one CTA per SM taking the next tile by ticket from an atomic
 counter (``sem``), so that CTAs finishing early take more. Tiles go longest walk first (the
-queue's and the grid's within a head, one (batch, head) after another; the strided schedule's
-with heads interleaved). In a CTA:
+grid's within a head, one (batch, head) after another; the queue's across a section of heads
+whose K/V fit a byte budget, a section after another; the strided schedule's with heads
+interleaved). In a CTA:
 
 * warps 0-7 are two consumer warpgroups of 64 rows each: ``S = Q K^T`` and ``O += P V`` with
   ``wgmma`` (``m64nNk16``, bf16 in, fp32 accumulators); Q and K from shared memory through
@@ -284,6 +285,9 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   // Work tiles are (row block, head, batch), longest walks first. A CTA of the strided schedule
   // takes every gridDim.x-th one, of the queue the one its ticket names; otherwise a CTA owns the
   // one its block index names.
+  // queue: (batch, head)s per section, as many as SECTION_BYTES of K and V hold (at least one)
+  const int section =
+      (int)max(1LL, min((long long)(H * B), __SECTION_BYTES__LL / (4LL * HD * max(Skv, 1))));
   struct Work { int h, b, m0, t0, n_tiles; };
   auto work = [&](int w) {
     Work x;
@@ -295,10 +299,13 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
       x.h = hb % H;
       x.b = hb / H;
     } else if (SCHEDULE == 2) {
-      // queue: one (batch, head) after another, as the grid's blocks start, so the CTAs running
-      // at once share a head's K/V in L2
-      const int hb = w / n_row_blocks;
-      mb = n_row_blocks - 1 - w % n_row_blocks;
+      // queue: sections of `section` (batch, head)s one after another, so the CTAs running at
+      // once share the section's K/V in L2; within a section, longest walks first across its
+      // heads (a row block of each head, then the next row block)
+      const int first = w / (section * n_row_blocks) * section;
+      const int size = min(section, H * B - first), r = w - first * n_row_blocks;
+      const int hb = first + r % size;
+      mb = n_row_blocks - 1 - r / size;
       x.h = hb % H;
       x.b = hb / H;
     } else {
@@ -670,7 +677,7 @@ ELEMENTS = {"bfloat16": "bf16", "float16": "f16"}  # input dtype -> PTX element 
 
 def source(left: int | None, right: int | None, *, stages: int = 2, overlap: bool = True,
            pingpong: bool = True, feed: str = "tma", proxy_fence: bool | None = None,
-           block_n: int = BN, dtype: str = "bfloat16", schedule: str = "grid") -> str:
+           block_n: int = BN, dtype: str = "bfloat16", schedule: str = "grid", section_bytes: int = 0) -> str:
     """The kernel's CUDA C++ for the mask ``i - left <= j <= i + right`` (``None``: unbounded).
 
     ``feed``: how K/V reach shared memory: ``"tma"`` (tensor maps: ``tmap_templates`` holds K's,
@@ -683,7 +690,10 @@ def source(left: int | None, right: int | None, *, stages: int = 2, overlap: boo
     ``"strided"`` each takes every ``gridDim.x``-th one, with ``"queue"`` the next one by ticket
     from the counter ``sem`` (zeroed before the launch). Those two need ``feed="tma"``: the
     producer loads Q by TMA too, the next tile's Q and K/V while the consumers finish the last
-    one, and the maps are published once a CTA.
+    one, and the maps are published once a CTA. ``section_bytes`` (queue only): the queue takes
+    (batch, head)s in sections of as many as ``section_bytes`` of K and V hold at the call's
+    ``Skv`` (at least one), a section after another; within one, longest walks first across its
+    heads. 0 (the default): one (batch, head) after another.
     ``proxy_fence``: the consumers' generic -> async proxy fence after each wait (needed for
     cp.async; default on for it only). ``block_n``:
     keys per tile (the wgmma N of ``Q K^T``). V's MN-major descriptor has the 64-column block
@@ -698,6 +708,8 @@ def source(left: int | None, right: int | None, *, stages: int = 2, overlap: boo
     if block_n % 16 or not 16 <= block_n <= 256:
         raise ValueError(f"block_n must be a multiple of 16 in [16, 256], got {block_n}")
     check_arguments(left, right, stages, dtype)
+    if type(section_bytes) is not int or not 0 <= section_bytes < 2**40:
+        raise ValueError(f"section_bytes must be an int in [0, 2**40), got {section_bytes!r}")
     subs = {
         "__BM__": BM, "__BN__": block_n, "__D__": D, "__STAGES__": stages, "__LEFT__": bound(left),
         "__RIGHT__": bound(right), "__THREADS__": THREADS, "__NAME__": KERNEL_NAME,
@@ -708,6 +720,7 @@ def source(left: int | None, right: int | None, *, stages: int = 2, overlap: boo
                                                         else proxy_fence).lower(),
         "__SCHEDULE__": SCHEDULES[schedule], "__SLOT_BYTES__": SLOT_BYTES, "__BAR_BYTES__": bar_bytes(stages),
         "__PRODUCER_REGS__": PRODUCER_REGS, "__CONSUMER_REGS__": CONSUMER_REGS, "__ELEM__": ELEMENTS[dtype],
+        "__SECTION_BYTES__": section_bytes,
     }
     text = HELPERS + wgmma_ss(block_n) + wgmma_rs(D) + _KERNEL
     for key, val in subs.items():
