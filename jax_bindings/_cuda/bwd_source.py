@@ -292,7 +292,13 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 __CONSUMER_REGS__;" ::: "memory");
   // ---- consumers: per item, warpgroup wg owns keys n0 + 64 wg .. + 63 ----
-  const int wg = warp / 4;
+  // warp-uniform (through a shuffle), so that the descriptors can live in uniform registers
+  const int wg = __shfl_sync(0xffffffff, warp / 4, 0);
+  // K and V as wgmma descriptors: warpgroup wg's 64 keys (K-major), and its 64 head-dim
+  // columns of K for dQ (MN-major)
+  const uint64_t k_desc = smem_desc(s_k + wg * 64 * 128, 16, 1024);
+  const uint64_t v_desc = smem_desc(s_v + wg * 64 * 128, 16, 1024);
+  const uint64_t k_mn = smem_desc(s_k + wg * BN * 128, BN * 128, 1024);
   int g0 = 0;  // the CTA's steps before this item
   for (int n = 0;; ++n) {
   const int ticket = next_ticket(n);
@@ -312,43 +318,45 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     const int s = g % STAGES, buf = g & 1;
     float st[32], dpt[32], dq[32];
     uint32_t p[16], ds[16];
+    // the step's operands as wgmma descriptors, each product's k-slices offsets from them
+    const uint64_t q_desc = smem_desc(s_q(s), 16, 1024), do_desc = smem_desc(s_do(s), 16, 1024);
+    const uint64_t q_mn = smem_desc(s_q(s), BM * 128, 1024), do_mn = smem_desc(s_do(s), BM * 128, 1024);
+    const uint64_t ds_mn = smem_desc(s_ds(buf), BN * 128, 1024);
     mbar_wait(full(s), (g / STAGES) & 1);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < HD / 16; ++kk) {
-      const uint32_t a = (kk >> 2) * BN * 128 + wg * 64 * 128 + (kk & 3) * 32;
-      const uint32_t bq = (kk >> 2) * BM * 128 + (kk & 3) * 32;
-      wgmma_ss_64(st, smem_desc(s_k + a, 16, 1024), smem_desc(s_q(s) + bq, 16, 1024), kk > 0);
+      const uint32_t a = (kk >> 2) * BN * 128 + (kk & 3) * 32, bq = (kk >> 2) * BM * 128 + (kk & 3) * 32;
+      wgmma_ss_64(st, desc_at(k_desc, a), desc_at(q_desc, bq), kk > 0);
     }
     wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < HD / 16; ++kk) {
-      const uint32_t a = (kk >> 2) * BN * 128 + wg * 64 * 128 + (kk & 3) * 32;
-      const uint32_t bq = (kk >> 2) * BM * 128 + (kk & 3) * 32;
-      wgmma_ss_64(dpt, smem_desc(s_v + a, 16, 1024), smem_desc(s_do(s) + bq, 16, 1024), kk > 0);
+      const uint32_t a = (kk >> 2) * BN * 128 + (kk & 3) * 32, bq = (kk >> 2) * BM * 128 + (kk & 3) * 32;
+      wgmma_ss_64(dpt, desc_at(v_desc, a), desc_at(do_desc, bq), kk > 0);
     }
     wgmma_commit();
     const float* lse_s = reinterpret_cast<const float*>(smem + (s_stat(s) - s_k));
     const float* delta_s = lse_s + BM;
     // P^T: rows are keys key0 (+8), columns queries m0 + c
+    // the thread's keys key0, key0 + 8 inside Skv, and key0 - its first query column
+    const bool in_kv[2] = {key0 < Skv, key0 + 8 < Skv};
+    const int d0 = key0 - m0 - 2 * (lane % 4);
     bool edge = n0 + 64 * wg + 63 >= Skv;
     if (LEFT < __UNBOUNDED__) edge |= n0 + 64 * wg < m0 + BM - 1 - LEFT;
     if (RIGHT < __UNBOUNDED__) edge |= n0 + 64 * wg + 63 > m0 + RIGHT;
     auto dv_product = [&]() {
 #pragma unroll
-      for (int kk = 0; kk < BM / 16; ++kk)
-        wgmma_rs_128(dvac, p + 4 * kk, smem_desc(s_do(s) + kk * 16 * 128, BM * 128, 1024));
+      for (int kk = 0; kk < BM / 16; ++kk) wgmma_rs_128(dvac, p + 4 * kk, desc_at(do_mn, kk * 16 * 128));
     };
     auto dk_product = [&]() {
 #pragma unroll
-      for (int kk = 0; kk < BM / 16; ++kk)
-        wgmma_rs_128(dkac, ds + 4 * kk, smem_desc(s_q(s) + kk * 16 * 128, BM * 128, 1024));
+      for (int kk = 0; kk < BM / 16; ++kk) wgmma_rs_128(dkac, ds + 4 * kk, desc_at(q_mn, kk * 16 * 128));
     };
     auto dq_product = [&]() {
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk)
-        wgmma_ss_t_64(dq, smem_desc(s_ds(buf) + kk * 16 * 128, BN * 128, 1024),
-                      smem_desc(s_k + wg * BN * 128 + kk * 16 * 128, BN * 128, 1024), kk > 0);
+        wgmma_ss_t_64(dq, desc_at(ds_mn, kk * 16 * 128), desc_at(k_mn, kk * 16 * 128), kk > 0);
     };
     // dQ to shared memory for the writer (once it took the buffer's last), in fragment order:
     // warpgroup, then pair of values e / 2, then thread (see dq_from_acc)
@@ -370,10 +378,11 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
       const int c = (e / 4) * 8 + 2 * (lane % 4) + (e % 2);
       float x = fast_exp2(st[e] * scale_log2 - lse_s[c]);
       if (edge) {
-        const int key = key0 + 8 * ((e / 2) % 2), row = m0 + c;
-        bool ok = key < Skv;
-        if (LEFT < __UNBOUNDED__) ok &= key >= row - LEFT;
-        if (RIGHT < __UNBOUNDED__) ok &= key <= row + RIGHT;
+        // key - row as the thread's d0 plus a constant: two compares with immediates
+        const int d = d0 + 8 * ((e / 2) % 2) - (e / 4) * 8 - (e % 2);
+        bool ok = (e / 2) % 2 ? in_kv[1] : in_kv[0];
+        if (LEFT < __UNBOUNDED__) ok &= d >= -LEFT;
+        if (RIGHT < __UNBOUNDED__) ok &= d <= RIGHT;
         if (!ok) x = 0.f;
       }
       st[e] = x;

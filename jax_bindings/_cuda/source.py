@@ -229,6 +229,12 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lead, uint
   return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lead & 0x3FFFF) >> 4) << 16)
        | ((uint64_t)((stride & 0x3FFFF) >> 4) << 32) | (1ull << 62);
 }
+// The descriptor `d` moved on by `bytes` (a multiple of 16): its start address (bits 0-13, in
+// 16-byte units) plus bytes / 16, the rest unchanged. Shared addresses stay below 2^18 bytes, so
+// the sum cannot carry out of the low word; one add instead of rebuilding the descriptor.
+__device__ __forceinline__ uint64_t desc_at(uint64_t d, uint32_t bytes) {
+  return (d & 0xFFFFFFFF00000000ull) | (uint32_t)((uint32_t)d + (bytes >> 4));
+}
 // Byte offset of 16-byte chunk j (0..15: 8 elements each) of row r in a tile of `rows` rows,
 // stored as two 64-column blocks of 128-byte rows, 128-byte swizzled.
 __device__ __forceinline__ uint32_t swz(int r, int j, int rows) {
@@ -434,7 +440,8 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   } else {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 __CONSUMER_REGS__;" ::: "memory");
   // ---- consumers: warpgroup wg owns rows m0 + 64 wg .. + 63 of each work tile ----
-  const int wg = warp / 4, wt = tid % 128;
+  // warp-uniform (through a shuffle), so that what derives from it can live in uniform registers
+  const int wg = __shfl_sync(0xffffffff, warp / 4, 0), wt = tid % 128;
   int m0 = 0, rows[2] = {0, 0};  // the current work tile's first row, this thread's two rows
   float o[64], sc[SN];  // sc: this thread's BN / 2 scores of its two rows
   uint32_t p[SN / 2];
@@ -446,20 +453,20 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   auto turn_pass = [&](bool last) {
     if (PINGPONG && !(last && wg == 1)) asm volatile("bar.arrive %0, 256;" :: "r"(3 + (wg ^ 1)) : "memory");
   };
+  const uint64_t q_desc = smem_desc(s_q + wg * 64 * 128, 16, 1024);
   auto qk = [&](int s) {
+    const uint64_t k_desc = smem_desc(s_k + s * TILE, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < HD / 16; ++kk) {
-      const uint64_t da = smem_desc(s_q + (kk >> 2) * BM * 128 + wg * 64 * 128 + (kk & 3) * 32, 16, 1024);
-      const uint64_t db = smem_desc(s_k + s * TILE + (kk >> 2) * BN * 128 + (kk & 3) * 32, 16, 1024);
+      const uint64_t da = desc_at(q_desc, (kk >> 2) * BM * 128 + (kk & 3) * 32);
+      const uint64_t db = desc_at(k_desc, (kk >> 2) * BN * 128 + (kk & 3) * 32);
       wgmma_ss___BN__(sc, da, db, kk > 0);
     }
   };
   auto pv = [&](int s) {
+    const uint64_t v_desc = smem_desc(s_v + s * TILE, __V_LEAD__, __V_STRIDE__);
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      const uint64_t dv = smem_desc(s_v + s * TILE + kk * 16 * 128, __V_LEAD__, __V_STRIDE__);
-      wgmma_rs___D__(o, p + 4 * kk, dv);
-    }
+    for (int kk = 0; kk < BN / 16; ++kk) wgmma_rs___D__(o, p + 4 * kk, desc_at(v_desc, kk * 16 * 128));
   };
   // mask, running max and sum; sc becomes exp2(s * scale_log2 - max), corr the rescale of o
   auto softmax = [&](int n0) {
@@ -467,12 +474,14 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     if (LEFT < __UNBOUNDED__) edge |= n0 < m0 + BM - 1 - LEFT;
     if (RIGHT < __UNBOUNDED__) edge |= n0 + BN - 1 > m0 + RIGHT;
     if (edge) {
+      // col - row and Skv - col as per-thread values plus constants: compares with immediates
+      const int col0 = n0 + 2 * (lane % 4), d0 = col0 - rows[0], room = Skv - col0;
 #pragma unroll
       for (int i = 0; i < SN; ++i) {
-        const int col = n0 + (i / 4) * 8 + 2 * (lane % 4) + (i % 2), row = rows[(i / 2) % 2];
-        bool ok = col < Skv;
-        if (LEFT < __UNBOUNDED__) ok &= col >= row - LEFT;
-        if (RIGHT < __UNBOUNDED__) ok &= col <= row + RIGHT;
+        const int dc = (i / 4) * 8 + (i % 2), d = d0 + dc - 8 * ((i / 2) % 2);
+        bool ok = dc < room;
+        if (LEFT < __UNBOUNDED__) ok &= d >= -LEFT;
+        if (RIGHT < __UNBOUNDED__) ok &= d <= RIGHT;
         if (!ok) sc[i] = NEG_INF;
       }
     }
