@@ -231,7 +231,7 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lead, uint
 }
 // The descriptor `d` moved on by `bytes` (a multiple of 16): its start address (bits 0-13, in
 // 16-byte units) plus bytes / 16, the rest unchanged. Shared addresses stay below 2^18 bytes, so
-// the sum cannot carry out of the low word; one add instead of rebuilding the descriptor.
+// the sum stays inside that 14-bit field; one add instead of rebuilding the descriptor.
 __device__ __forceinline__ uint64_t desc_at(uint64_t d, uint32_t bytes) {
   return (d & 0xFFFFFFFF00000000ull) | (uint32_t)((uint32_t)d + (bytes >> 4));
 }
