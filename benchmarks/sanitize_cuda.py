@@ -131,7 +131,7 @@ def main() -> int:
         for name, sq, skv, left, right, h, hk in CASES:
             layout = band_layout(sq, skv, left, right)
             variant = dataclasses.replace(plan.fwd_variant(layout, 128, dtype), schedule=schedule,
-                                          section_bytes=section * 4 * skv * 128)
+                                          section_bytes=source.section_bytes_of(section, skv))
             rng = np.random.default_rng(sq + skv)
             q = rng.standard_normal((2, sq, h, 128)).astype(NP[dtype])
             k, v = (rng.standard_normal((2, skv, hk, 128)).astype(NP[dtype]) for _ in range(2))

@@ -34,7 +34,7 @@ if _registry.unavailable("cuda") is not None:
     pytest.skip(f"the cuda backend cannot run here: {_registry.unavailable('cuda')}", allow_module_level=True)
 
 from jax_bindings._cuda import backend as cb  # noqa: E402
-from jax_bindings._cuda import plan  # noqa: E402
+from jax_bindings._cuda import plan, source  # noqa: E402
 
 
 def _inputs(seed, sq, skv, h, hk, dtype, d=128, b=2):
@@ -53,8 +53,8 @@ def _forward(layout, scale, schedule=None, ctas=None, section=0):
 
     def fn(q, k, v):
         variant = plan.fwd_variant(layout, q.shape[-1], jnp.dtype(q.dtype).name)
-        kv_bytes = 4 * k.shape[1] * k.shape[-1]  # K and V of a head, as the kernel counts them
-        variant = dataclasses.replace(variant, schedule=schedule, section_bytes=section * kv_bytes)
+        variant = dataclasses.replace(variant, schedule=schedule,
+                                      section_bytes=source.section_bytes_of(section, k.shape[1]))
         name, image = plan.compiled(variant)
         grid = plan.grid(q.shape, schedule, ctas or cb._sm_count())
         maps = plan.tensor_maps(variant.block_n, q.shape, k.shape, v.shape)

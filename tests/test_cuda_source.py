@@ -96,6 +96,7 @@ def test_every_schedule_has_one_signature_and_the_queue_takes_tickets():
     assert len(names) == len(gen.SCHEDULES)
     sections = gen.source(None, 0, schedule="queue", section_bytes=16 << 20)
     assert f"{16 << 20}LL / (4LL * HD" in sections and "0LL / (4LL * HD" in queue
+    assert gen.section_bytes_of(3, 1000) == 3 * 4 * gen.D * 1000  # the kernel's count, mirrored
     assert gen.with_unique_name(sections)[0] != gen.with_unique_name(gen.source(None, 0, schedule="queue"))[0]
 
 

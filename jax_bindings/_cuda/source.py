@@ -671,6 +671,12 @@ def check_arguments(left, right, stages: int, dtype: str) -> None:
             raise ValueError(f"{name} must be an int of magnitude < 2**30 or None, got {x!r}")
 
 
+def section_bytes_of(heads: int, kv_len: int) -> int:
+    """``section_bytes`` that makes the queue's sections ``heads`` (batch, head)s at ``kv_len``
+    keys: K and V of a head counted as the kernel counts them (``4 * D * Skv`` bytes)."""
+    return heads * 4 * D * kv_len
+
+
 def check_schedule(schedule: str) -> None:
     """ValueError naming ``schedule`` unless it is one of :data:`SCHEDULES`."""
     if schedule not in SCHEDULES:
