@@ -8,7 +8,9 @@ and in sections of 3 heads),
 the backward with dQ added in order and in arrival order; each compiled as the backend compiles it
 (``jax_bindings._cuda.plan``) and launched with CuPy (JAX is not imported), so no XLA kernel
 runs under the sanitizer. Each output is checked against a float32 NumPy reference, and so is
-every row's ``lse``; fully masked rows must give 0 and ``-inf``, and zero gradients.
+every row's ``lse``; fully masked rows must give 0 and ``-inf``, and zero gradients. Then the
+runtime-mask variants (lengths, segment ids) on ``tests/cuda_cases.RUNTIME_CASES``, forward and
+backward, their arrays built by ``jax_bindings._cuda.runtime_tables`` with JAX on the CPU.
 
     compute-sanitizer --tool memcheck --error-exitcode 9 python3 benchmarks/sanitize_cuda.py
 """
@@ -18,17 +20,22 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import os
 import sys
 import tempfile
+
+os.environ["JAX_PLATFORMS"] = "cpu"  # the runtime masks' arrays are built by JAX, on the CPU
 
 import cupy as cp
 import ml_dtypes
 import numpy as np
 
 sys.path.insert(0, "tests")
-from cuda_cases import CASES, band_layout  # noqa: E402
+from cuda_cases import CASES, RUNTIME_CASES, band_layout  # noqa: E402
+from runtime_masks import build_arguments, runtime_dense  # noqa: E402
 
-from jax_bindings._cuda import bwd_source, plan, source  # noqa: E402
+from jax_bindings import _runtime  # noqa: E402
+from jax_bindings._cuda import bwd_source, plan, runtime_tables, source  # noqa: E402
 
 NP = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 # (forward schedule, CTAs of a persistent one: None for one per SM, else at most that many; on 5,
@@ -37,7 +44,8 @@ LAUNCHES = (("grid", None, 0), ("strided", 5, 0), ("queue", None, 0), ("queue", 
 
 
 def reference(q, k, v, mask, scale):
-    """Float32 ``(out [B, Sq, H, D], lse [B, H, Sq])``; empty rows 0 and -inf."""
+    """Float32 ``(out [B, Sq, H, D], lse [B, H, Sq])``; empty rows 0 and -inf. ``mask``: ``[Sq,
+    Skv]``, or ``[B, 1, Sq, Skv]`` per batch row (here and in :func:`grads_reference`)."""
     g = q.shape[2] // k.shape[2]
     kf, vf = (np.repeat(x.astype(np.float32), g, axis=2) for x in (k, v))
     s = np.einsum("bqhd,bkhd->bhqk", q.astype(np.float32), kf) * scale
@@ -79,9 +87,9 @@ def _kernel(variant):
     return fn
 
 
-def launch_bwd(variant, q, k, v, out, lse, do, scale):
+def launch_bwd(variant, q, k, v, out, lse, do, scale, rt_arrays=()):
     """``(dq, dk, dv)`` of the backward kernel (the JAX-side preparation of ``backend.run_backward``
-    done in NumPy)."""
+    done in NumPy); ``rt_arrays``: the runtime mask's (``runtime_tables.bwd_arrays``)."""
     fn = _kernel(variant)
     B, Sq, H, D = q.shape
     pad = bwd_source.num_q_blocks(Sq) * bwd_source.BM - Sq
@@ -95,7 +103,8 @@ def launch_bwd(variant, q, k, v, out, lse, do, scale):
     dq_acc = cp.zeros(bwd_source.dq_acc_shape(B, H, Sq), dtype=np.float32)
     sem = cp.zeros(bwd_source.sem_words(B, H, Sq), dtype=np.int32)
     slots = cp.zeros(grid[0] * grid[1] * grid[2] * bwd_source.SLOT_BYTES, dtype=np.uint8)
-    args = (*(cp.asarray(x) for x in (q, k, v, do, lse2, delta)), maps, np.int32(Sq), np.int32(k.shape[1]),
+    args = (*(cp.asarray(x) for x in (q, k, v, do, lse2, delta)), maps,
+            *(cp.asarray(np.asarray(x)) for x in rt_arrays), np.int32(Sq), np.int32(k.shape[1]),
             np.int32(H), np.int32(k.shape[2]), np.int32(B), np.float32(scale * math.log2(math.e)),
             np.float32(scale), dk, dv, dq_acc, sem, slots)
     fn(grid, (bwd_source.THREADS,), args, shared_mem=variant.smem)
@@ -104,9 +113,9 @@ def launch_bwd(variant, q, k, v, out, lse, do, scale):
     return dq, cp.asnumpy(dk).astype(np.float32), cp.asnumpy(dv).astype(np.float32)
 
 
-def launch(variant, q, k, v, scale, ctas=None):
+def launch(variant, q, k, v, scale, ctas=None, rt_arrays=()):
     """``(out, lse)`` of the forward kernel; a persistent schedule on at most ``ctas`` CTAs (None:
-    one per SM)."""
+    one per SM); ``rt_arrays``: the runtime mask's (``runtime_tables.fwd_arrays``)."""
     fn = _kernel(variant)
     B, Sq, H, D = q.shape
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
@@ -118,8 +127,9 @@ def launch(variant, q, k, v, scale, ctas=None):
     lse = cp.full((B, H, Sq), np.nan, dtype=np.float32)
     sem = cp.zeros(1, dtype=np.int32)
     slots = cp.zeros(grid[0] * grid[1] * grid[2] * source.SLOT_BYTES, dtype=np.uint8)
-    args = (dq, dk, dv, maps, np.int32(Sq), np.int32(k.shape[1]), np.int32(H), np.int32(k.shape[2]),
-            np.int32(B), np.float32(scale * math.log2(math.e)), out, lse, sem, slots)
+    args = (dq, dk, dv, maps, *(cp.asarray(np.asarray(x)) for x in rt_arrays), np.int32(Sq),
+            np.int32(k.shape[1]), np.int32(H), np.int32(k.shape[2]), np.int32(B),
+            np.float32(scale * math.log2(math.e)), out, lse, sem, slots)
     fn(grid, (source.THREADS,), args, shared_mem=variant.smem)
     cp.cuda.runtime.deviceSynchronize()
     return cp.asnumpy(out), cp.asnumpy(lse)
@@ -163,8 +173,49 @@ def main() -> int:
                     assert max(errs) < 3e-2, f"{name} {dtype} ordered={ordered}: gradients differ by {errs}"
                     assert np.all(got[0][:, empty] == 0), f"{name}: a row with no key must get dq 0"
                     print(f"{name:22s} {dtype:9s} bwd ordered={ordered!s:5s} ok (rel. {max(errs):.1e})")
+    launched += run_runtime_cases()
     print(f"{launched} launches of {launched} cuda kernel variants")
     return 0
+
+
+def run_runtime_cases() -> int:
+    """The runtime-mask variants, forward (the plan's schedule, and the queue on 5 CTAs) and
+    backward, on every runtime case in bfloat16; returns the launches."""
+    launched = 0
+    for name, sq, skv, left, right, h, hk, b, make in RUNTIME_CASES:
+        rng = np.random.default_rng(sq + skv)
+        rt_args = make(rng)
+        layout = band_layout(sq, skv, left, right)
+        mask = runtime_dense(layout.to_dense(), b, sq, skv, **rt_args)[:, None]
+        runtime = _runtime.build(b, sq, skv, **build_arguments(rt_args))
+        kind = runtime_tables.kind(runtime)
+        q, do = (rng.standard_normal((b, sq, h, 128)).astype(ml_dtypes.bfloat16) for _ in range(2))
+        k, v = (rng.standard_normal((b, skv, hk, 128)).astype(ml_dtypes.bfloat16) for _ in range(2))
+        scale = 128**-0.5
+        ref_out, ref_lse = reference(q, k, v, mask, scale)
+        empty = ~mask[:, 0].any(-1)  # [B, Sq]
+        planned = plan.fwd_variant(layout, 128, "bfloat16", kind)
+        for variant, ctas in ((planned, None), (dataclasses.replace(planned, schedule="queue"), 5)):
+            out, lse = launch(variant, q, k, v, scale, ctas, runtime_tables.fwd_arrays(runtime))
+            launched += 1
+            err = np.abs(out.astype(np.float32) - ref_out).max()
+            assert err < 3e-2, f"{name}: out differs from the reference by {err:.3g}"
+            assert not out[empty].astype(np.float32).any(), f"{name}: a row that sees nothing must output 0"
+            assert np.all(np.isneginf(lse.transpose(0, 2, 1)[empty])), f"{name}: lse of an empty row"
+            lerr = np.abs(lse - ref_lse)[np.isfinite(ref_lse)].max()
+            assert lerr < 2e-2, f"{name}: lse differs by {lerr:.3g}"
+            print(f"{name:22s} runtime {kind:7s} {variant.schedule}/{ctas} ok (out {err:.1e}, "
+                  f"lse {lerr:.1e})")
+        got = launch_bwd(plan.bwd_variant(layout, 128, "bfloat16", kind), q, k, v, out, lse, do, scale,
+                         runtime_tables.bwd_arrays(runtime))
+        launched += 1
+        errs = [float(np.abs(x - r).max() / max(1.0, np.abs(r).max()))
+                for x, r in zip(got, grads_reference(q, k, v, do, mask, scale), strict=True)]
+        assert all(np.isfinite(x).all() for x in got), f"{name}: non-finite gradients"
+        assert max(errs) < 3e-2, f"{name}: gradients differ by {errs}"
+        assert not got[0][empty].any(), f"{name}: a row that sees nothing must get dq 0"
+        print(f"{name:22s} runtime {kind:7s} bwd ok (rel. {max(errs):.1e})")
+    return launched
 
 
 if __name__ == "__main__":

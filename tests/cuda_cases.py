@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from runtime_masks import packed_ids
 
 import acsr
 
@@ -29,3 +30,31 @@ def band_layout(q_len: int, kv_len: int, left: int | None, right: int | None) ->
     if right is not None:
         keep &= j <= i + right
     return acsr.from_dense(keep)
+
+
+def _gaps(b: int, sq: int, skv: int) -> dict:
+    """Query ids 0, 2, 4, ... (60 rows each) against key ids 0, 1, 2, ... (200 keys each): the
+    blocks of odd keys see no query."""
+    return {"ids": np.tile(2 * (np.arange(sq) // 60), (b, 1)).astype(np.int32),
+            "kv_ids": np.tile(np.arange(skv) // 200, (b, 1)).astype(np.int32)}
+
+
+# Runtime masks on bands: (name, q_len, kv_len, left, right, H, Hkv, B, rng -> the runtime arguments
+# as tests/runtime_masks.runtime_dense takes them: ids, kv_ids, qlen, kvlen)
+RUNTIME_CASES = [
+    ("document_causal", 700, 700, None, 0, 4, 2, 2, lambda rng: {"ids": packed_ids(rng, 2, 700, 300)}),
+    ("tiny_documents_dense", 300, 300, None, None, 2, 2, 2, lambda rng: {"ids": packed_ids(rng, 2, 300, 5)}),
+    ("document_window", 600, 600, 255, 0, 4, 1, 2, lambda rng: {"ids": packed_ids(rng, 2, 600, 200)}),
+    # batch row 0 sorted (ids tested by position), row 1 not (ids loaded)
+    ("mixed_sortedness_causal", 385, 385, None, 0, 2, 2, 2,
+     lambda rng: {"ids": np.stack([packed_ids(rng, 1, 385, 90)[0],
+                                   rng.integers(0, 4, size=385)]).astype(np.int32)}),
+    ("rectangular_gaps", 300, 1100, None, None, 2, 1, 2, lambda rng: _gaps(2, 300, 1100)),
+    ("padding_causal", 500, 500, None, 0, 2, 2, 3,
+     lambda rng: {"qlen": np.array([450, 0, 130], np.int32), "kvlen": np.array([500, 200, 0], np.int32)}),
+    ("lengths_clipped_dense", 300, 450, None, None, 2, 2, 2,
+     lambda rng: {"qlen": np.array([-5, 1000], np.int32), "kvlen": np.array([1000, 12], np.int32)}),
+    ("everything_window", 515, 515, 100, 100, 4, 2, 3,
+     lambda rng: {"ids": packed_ids(rng, 3, 515, 150), "qlen": np.array([515, 300, 2], np.int32),
+                  "kvlen": np.array([400, 515, 515], np.int32)}),
+]

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from reference import assert_close, refusal_skips, rel_error, runtime_ref
+from runtime_masks import packed_ids, runtime_dense
 
 import splat
 from jax_bindings import _runtime
@@ -20,32 +21,6 @@ from splat import masks
 
 def _static(mask, rows: int, cols: int) -> np.ndarray:
     return splat.analyze(mask, rows, cols).to_dense()
-
-
-def _packing(rng, b: int, s: int, max_doc: int) -> np.ndarray:
-    """Non-decreasing document ids ``[b, s]``, documents of 1..max_doc tokens."""
-    out = np.zeros((b, s), np.int32)
-    for r in range(b):
-        cuts = np.cumsum(rng.integers(1, max_doc + 1, size=s))
-        out[r] = np.searchsorted(cuts, np.arange(s), side="right")
-    return out
-
-
-def _dense(static, b, sq, skv, *, ids=None, kv_ids=None, qlen=None, kvlen=None, offset=None):
-    """The per-batch boolean mask ``[b, sq, skv]`` the runtime arguments define."""
-    if offset is None:
-        m = np.broadcast_to(static[:sq], (b, sq, skv)).copy()
-    else:
-        pos = np.clip(np.asarray(offset).reshape(-1, 1) + np.arange(sq), 0, static.shape[0] - 1)
-        m = np.broadcast_to(static[pos], (b, sq, skv)).copy()
-    if ids is not None:
-        kv = ids if kv_ids is None else kv_ids
-        m &= ids[:, :, None] == kv[:, None, :]
-    if qlen is not None:
-        m &= np.arange(sq)[None, :, None] < np.clip(qlen, 0, sq)[:, None, None]
-    if kvlen is not None:
-        m &= np.arange(skv)[None, None, :] < np.clip(kvlen, 0, skv)[:, None, None]
-    return m
 
 
 def _inputs(rng, b, sq, skv, *, h=4, hk=2, d=16, dtype=jnp.float32):
@@ -57,7 +32,7 @@ def _check(rng, backend, mask, sq, skv, *, b=3, dtype=jnp.float32, grads=True, c
     """splat.attention with runtime arguments ``rt`` (numpy) against the float64 reference."""
     q, k, v, do = _inputs(rng, b, sq, skv, dtype=dtype)
     rows = skv if rt.get("offset") is not None else sq
-    dense = _dense(_static(mask, rows, skv), b, sq, skv, **rt)
+    dense = runtime_dense(_static(mask, rows, skv), b, sq, skv, **rt)
     kwargs = {
         "segment_ids": rt.get("ids"),
         "kv_segment_ids": rt.get("kv_ids"),
@@ -108,7 +83,7 @@ STATIC = {
 
 @pytest.mark.parametrize("name", sorted(STATIC))
 def test_document_ids(rng, backend, name):
-    ids = _packing(rng, 3, 70, 25)
+    ids = packed_ids(rng, 3, 70, 25)
     _check(rng, backend, STATIC[name], 70, 70, ids=ids)
 
 
@@ -118,8 +93,8 @@ def test_unsorted_ids_are_exact(rng, backend):
 
 
 def test_rectangular_with_kv_ids(rng, backend):
-    ids = _packing(rng, 2, 40, 12)
-    kv_ids = _packing(rng, 2, 90, 30)
+    ids = packed_ids(rng, 2, 40, 12)
+    kv_ids = packed_ids(rng, 2, 90, 30)
     _check(rng, backend, masks.full(), 40, 90, b=2, ids=ids, kv_ids=kv_ids)
 
 
@@ -160,7 +135,7 @@ def test_soft_cap(rng, backend):
 
 
 def test_everything_together_gqa(rng, backend):
-    ids = _packing(rng, 3, 66, 20)
+    ids = packed_ids(rng, 3, 66, 20)
     qlen = np.array([66, 50, 3], np.int32)
     kvlen = np.array([60, 66, 66], np.int32)
     _check(rng, backend, masks.sliding_window(11, 0), 66, 66, ids=ids, qlen=qlen, kvlen=kvlen, cap=1.5)
@@ -168,7 +143,7 @@ def test_everything_together_gqa(rng, backend):
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 def test_low_precision(rng, backend, dtype):
-    ids = _packing(rng, 2, 72, 30)
+    ids = packed_ids(rng, 2, 72, 30)
     _check(rng, backend, masks.causal(), 72, 72, b=2, dtype=dtype, grads=False, ids=ids, cap=5.0)
 
 
@@ -181,14 +156,14 @@ def test_one_trace_for_many_packings(rng):
         return splat.attention(q, k, v, masks.causal(), segment_ids=ids, query_seq_lengths=n)
 
     q, k, v, _ = _inputs(rng, 2, 48, 48)
-    outs = [f(q, k, v, jnp.asarray(_packing(rng, 2, 48, m)), jnp.array([48, m])) for m in (3, 10, 40)]
+    outs = [f(q, k, v, jnp.asarray(packed_ids(rng, 2, 48, m)), jnp.array([48, m])) for m in (3, 10, 40)]
     assert len(traces) == 1
     assert not np.array_equal(np.asarray(outs[0]), np.asarray(outs[1]))
 
 
 def test_vmap_over_packings(rng):
     q, k, v, _ = _inputs(rng, 1, 40, 40)
-    ids = jnp.asarray(np.stack([_packing(rng, 1, 40, m) for m in (4, 9, 30)]))  # [3, 1, 40]
+    ids = jnp.asarray(np.stack([packed_ids(rng, 1, 40, m) for m in (4, 9, 30)]))  # [3, 1, 40]
     f = lambda ids: splat.attention(q, k, v, masks.causal(), segment_ids=ids)
     got = jax.vmap(f)(ids)
     for i in range(3):
@@ -196,10 +171,10 @@ def test_vmap_over_packings(rng):
 
 
 def test_reruns_are_bit_identical(rng, backend):
-    a = _check(rng, backend, masks.causal(), 40, 40, ids=_packing(rng, 3, 40, 9), grads=False)
+    a = _check(rng, backend, masks.causal(), 40, 40, ids=packed_ids(rng, 3, 40, 9), grads=False)
     rng2 = np.random.default_rng(0)
     q, k, v, _ = _inputs(rng2, 3, 40, 40)
-    ids = jnp.asarray(_packing(rng2, 3, 40, 9))
+    ids = jnp.asarray(packed_ids(rng2, 3, 40, 9))
     runs = [
         np.asarray(splat.attention(q, k, v, masks.causal(), segment_ids=ids, backend=backend))
         for _ in range(2)

@@ -5,7 +5,8 @@ masks that are one diagonal band (:func:`acsr.band`: dense, causal -- top-left o
 aligned --, causal windows, sliding windows, bands off the diagonal), head dim 128, bfloat16
 or float16, on a GPU of compute capability 9.0 (H100, H200). Everything else is refused with
 ``NotImplementedError`` naming why, so ``backend="auto"`` moves on (to the Triton backend):
-other masks, head dims and dtypes, runtime masks, soft-capping and the unfused ops. The
+other masks, head dims and dtypes, query offsets, soft-capping and the unfused ops. Runtime
+masks of lengths and segment ids are taken (:mod:`jax_bindings._cuda.runtime_tables`). The
 backward (:mod:`jax_bindings._cuda.bwd_source`, through :func:`run_backward`) is offered on the
 bands :func:`~jax_bindings._cuda.plan.offered_bwd_variant` names (dense, causal, windows of
 640 rows and more with a key block); the backward of a narrower window's forward run here goes
@@ -30,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from acsr import ACSR
-from jax_bindings._cuda import bwd_source, compiler, launch, plan, source, tensor_map
+from jax_bindings._cuda import bwd_source, compiler, launch, plan, runtime_tables, source, tensor_map
 
 
 def _why_not_here() -> str | None:
@@ -66,11 +67,11 @@ def _sm_count() -> int:
     return int(getattr(jax.devices("gpu")[0], "core_count", 132))
 
 
-def _refuse_extras(runtime, soft_cap) -> None:
-    if runtime is not None:
-        raise NotImplementedError("the cuda kernels take no runtime mask (segment ids, lengths, offsets)")
+def _runtime_kind(runtime, soft_cap) -> str:
+    """The kernels' runtime kind for ``runtime``; refuses what they cannot take."""
     if soft_cap is not None:
         raise NotImplementedError("the cuda kernels take no logits soft-cap")
+    return runtime_tables.kind(runtime)
 
 
 def _ctas(grid: tuple[int, int, int], slot_bytes: int) -> int:
@@ -82,11 +83,13 @@ def _ctas(grid: tuple[int, int, int], slot_bytes: int) -> int:
 
 
 def run_forward(name: str, image: bytes, grid: tuple[int, int, int], smem: int, maps: bytes, q, k, v,
-                scale: float):
+                scale: float, rt_arrays: tuple = ()):
     """``(out, lse)`` of the forward kernel ``name`` in the cubin ``image``, launched on ``grid``
     (:func:`~jax_bindings._cuda.plan.grid` of the kernel's schedule) with ``smem`` bytes of shared
     memory and the tensor-map templates ``maps`` (the kernel signature of
-    :mod:`jax_bindings._cuda.source`; its ticket counter ``sem`` zeroed, whatever the schedule)."""
+    :mod:`jax_bindings._cuda.source`; its ticket counter ``sem`` zeroed, whatever the schedule);
+    ``rt_arrays``: the runtime mask's arrays the kernel takes
+    (:func:`~jax_bindings._cuda.runtime_tables.fwd_arrays`)."""
     B, Sq, H, D = q.shape
     n_ctas = _ctas(grid, source.SLOT_BYTES)
     spec = launch.Launch(
@@ -103,23 +106,26 @@ def run_forward(name: str, image: bytes, grid: tuple[int, int, int], smem: int, 
         zeroed=(2,),
     )
     templates = jnp.asarray(np.frombuffer(maps, dtype=np.uint8))
-    out, lse, _sem, _slots = launch.run(spec, q, k.astype(q.dtype), v.astype(q.dtype), templates)
+    out, lse, _sem, _slots = launch.run(spec, q, k.astype(q.dtype), v.astype(q.dtype), templates, *rt_arrays)
     return out, lse
 
 
 def attention_fwd(q, k, v, runtime, layout: ACSR, scale: float, soft_cap=None):
     """``(out [B, Sq, H, D], lse [B, H, Sq] float32)`` from the generated forward kernel."""
-    _refuse_extras(runtime, soft_cap)
-    variant = plan.fwd_variant(layout, q.shape[-1], jnp.dtype(q.dtype).name)
+    rt = _runtime_kind(runtime, soft_cap)
+    variant = plan.fwd_variant(layout, q.shape[-1], jnp.dtype(q.dtype).name, rt)
     name, image = plan.compiled(variant)
     grid = plan.grid(q.shape, variant.schedule, _sm_count())
     maps = plan.tensor_maps(variant.block_n, q.shape, k.shape, v.shape)
-    return run_forward(name, image, grid, variant.smem, maps, q, k, v, scale)
+    rt_arrays = runtime_tables.fwd_arrays(runtime) if rt else ()
+    return run_forward(name, image, grid, variant.smem, maps, q, k, v, scale, rt_arrays)
 
 
-def run_backward(name: str, image: bytes, smem: int, maps: bytes, q, k, v, out, lse, dout, scale: float):
+def run_backward(name: str, image: bytes, smem: int, maps: bytes, q, k, v, out, lse, dout, scale: float,
+                 rt_arrays: tuple = ()):
     """``(dq, dk, dv)`` from the backward kernel ``name`` in the cubin ``image`` (the kernel
-    signature of :mod:`jax_bindings._cuda.bwd_source`); ``lse`` as the forward gave it."""
+    signature of :mod:`jax_bindings._cuda.bwd_source`); ``lse`` as the forward gave it;
+    ``rt_arrays`` as :func:`~jax_bindings._cuda.runtime_tables.bwd_arrays` gives them."""
     B, Sq, H, D = q.shape
     Skv, Hkv = k.shape[1], k.shape[2]
     grid = plan.bwd_grid(k.shape, _sm_count())
@@ -146,7 +152,8 @@ def run_backward(name: str, image: bytes, smem: int, maps: bytes, q, k, v, out, 
     )
     templates = jnp.asarray(np.frombuffer(maps, dtype=np.uint8))
     dk, dv, dq_acc, _sem, _slots = launch.run(
-        spec, q, k.astype(q.dtype), v.astype(q.dtype), dout.astype(q.dtype), lse2, delta, templates)
+        spec, q, k.astype(q.dtype), v.astype(q.dtype), dout.astype(q.dtype), lse2, delta, templates,
+        *rt_arrays)
     dq = bwd_source.dq_from_acc(dq_acc, Sq) * scale
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
@@ -154,11 +161,12 @@ def run_backward(name: str, image: bytes, smem: int, maps: bytes, q, k, v, out, 
 def attention_bwd(q, k, v, runtime, out, lse, dout, layout: ACSR, scale: float, soft_cap=None):
     """``(dq, dk, dv)`` from the generated backward kernel, on the bands
     :func:`~jax_bindings._cuda.plan.offered_bwd_variant` offers it for."""
-    _refuse_extras(runtime, soft_cap)
-    variant = plan.offered_bwd_variant(layout, q.shape[-1], jnp.dtype(q.dtype).name)
+    rt = _runtime_kind(runtime, soft_cap)
+    variant = plan.offered_bwd_variant(layout, q.shape[-1], jnp.dtype(q.dtype).name, rt)
     name, image = plan.compiled(variant)
     maps = plan.bwd_tensor_maps(q.shape, k.shape)
-    return run_backward(name, image, variant.smem, maps, q, k, v, out, lse, dout, scale)
+    rt_arrays = runtime_tables.bwd_arrays(runtime) if rt else ()
+    return run_backward(name, image, variant.smem, maps, q, k, v, out, lse, dout, scale, rt_arrays)
 
 
 def _unfused(*args, **kwargs):

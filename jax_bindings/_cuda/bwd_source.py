@@ -98,10 +98,6 @@ def sem_words(b: int, h: int, sq: int) -> int:
 
 
 _HELPERS = r"""
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-               :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
-}
 // adds `bytes` of fp32 from shared memory to global memory (an async bulk reduction)
 __device__ __forceinline__ void bulk_reduce_add(float* dst, uint32_t src, uint32_t bytes) {
   asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;"
@@ -122,15 +118,17 @@ _KERNEL = r"""
 constexpr int BM = __BM__, BN = __BN__, HD = __D__, STAGES = __STAGES__;
 constexpr int LEFT = __LEFT__, RIGHT = __RIGHT__;  // key j seen by row i: i - LEFT <= j <= i + RIGHT
 constexpr bool ORDERED = __ORDERED__;
-constexpr uint32_t KVTILE = BN * HD * 2, QTILE = BM * HD * 2, DSTILE = BN * BM * 2, STAT = 2 * BM * 4;
+constexpr int RT = __RT__;  // runtime mask: 0 none, 1 lengths, 2 lengths and segment ids
+constexpr uint32_t KVTILE = BN * HD * 2, QTILE = BM * HD * 2, DSTILE = BN * BM * 2, STAT = __STAT_BYTES__;
 constexpr uint32_t DQTILE = BM * HD * 4;
 
 extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
     const uint16_t* __restrict__ dout, const float* __restrict__ lse2, const float* __restrict__ delta,
-    const uint8_t* __restrict__ tmap_templates, int Sq, int Skv, int H, int Hkv, int B, float scale_log2,
-    float scale, uint16_t* __restrict__ dk, uint16_t* __restrict__ dv, float* __restrict__ dq_acc,
-    int* __restrict__ sem, uint8_t* __restrict__ tmap_slots) {
+    const uint8_t* __restrict__ tmap_templates, __RT_PARAMS__int Sq, int Skv, int H, int Hkv, int B,
+    float scale_log2, float scale, uint16_t* __restrict__ dk, uint16_t* __restrict__ dv,
+    float* __restrict__ dq_acc, int* __restrict__ sem, uint8_t* __restrict__ tmap_slots) {
+  __RT_LOCALS__
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   // 1 KiB aligned; offset from smem_raw (not cast through an integer) so that the compiler
   // still knows the pointer is shared memory and reads lse/delta with ld.shared
@@ -155,6 +153,10 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   // two slots for the tickets of the CTA's current and next work item
   const uint32_t s_ticket = s_bar + 8 * (10 + 2 * STAGES);
   uint8_t* tmap_stage = smem + (s_bar - s_k) + (8 * (10 + 2 * STAGES) + 16 + 127) / 128 * 128;  // 4 x 128
+  // with segment ids, each step's query ids (BM x 4 bytes a stage), loaded with its Q and dO into
+  // the tensor-map staging buffers, free once the maps are published
+  static_assert(RT != 2 || STAGES * BM * 4 <= 4 * 128, "the query ids need the staging buffers' room");
+  const uint32_t s_qid0 = smem_addr(tmap_stage);
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   if (tid == 0) {
@@ -175,10 +177,16 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   const int nkv = (Skv + BN - 1) / BN, G = H / Hkv, nq = (Sq + BM - 1) / BM, sq_pad = nq * BM;
   const int n_items = nkv * Hkv * B;
   // A work item is a key block of a (batch, KV head), taken by ticket: a head's last key block
-  // first. Its walk: the query rows that see a key of the block (keys past Skv included:
-  // masked), in blocks of BM, for every query head of the group.
+  // first. Its walk: the query blocks of BM rows that see a key of the block (keys past Skv
+  // included: masked), for every query head of the group. With a runtime mask it is the
+  // intersection of three runs of query blocks, each a run of consecutive key blocks' walks
+  // covers (so that the key blocks adding to a query block's dQ are consecutive, as the
+  // ordered addition's turns need): the band's, the lengths' (none past kv_end, none at or
+  // past q_end) and the segment ids' (rt_ranges, in rows).
+  // q_end, kv_end: the batch row's lengths; rows [in_lo, in_hi) see every key of the block as
+  // far as segment ids go (their blocks skip the id test).
   struct Item {
-    int j, hk, b, n0, i_lo, n_i, n_steps;
+    int j, hk, b, n0, i_lo, n_i, n_steps, q_end, kv_end, in_lo, in_hi;
   };
   auto item_of = [&](int ticket) {
     Item it;
@@ -189,8 +197,26 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     int lo = 0, hi = Sq - 1;
     if (RIGHT < __UNBOUNDED__) lo = max(lo, it.n0 - RIGHT);
     if (LEFT < __UNBOUNDED__) hi = min(hi, it.n0 + BN - 1 + LEFT);
-    it.i_lo = lo / BM;
-    it.n_i = lo <= hi ? hi / BM - it.i_lo + 1 : 0;
+    int i_lo = lo / BM, i_hi = lo <= hi ? hi / BM : -1;
+    it.q_end = Sq;
+    it.kv_end = Skv;
+    it.in_lo = 0;
+    it.in_hi = Sq;
+    if (RT >= 1) {
+      it.q_end = min(Sq, rt_lens[4 * it.b]);
+      it.kv_end = min(Skv, rt_lens[4 * it.b + 1]);
+      i_hi = it.n0 < it.kv_end && it.q_end > 0 ? min(i_hi, (it.q_end - 1) / BM) : -1;
+    }
+    if (RT == 2) {
+      // rows [x, y) see a key of the block; blocks x / BM .. max(x, y - 1) / BM (never none)
+      const int4 t = reinterpret_cast<const int4*>(rt_ranges)[(size_t)it.b * nkv + it.j];
+      i_lo = max(i_lo, t.x / BM);
+      i_hi = min(i_hi, max(t.x, t.y - 1) / BM);
+      it.in_lo = t.z;
+      it.in_hi = t.w;
+    }
+    it.i_lo = i_lo;
+    it.n_i = max(0, i_hi - i_lo + 1);
     it.n_steps = it.n_i * G;
     return it;
   };
@@ -225,6 +251,8 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
               int j_last = nkv - 1;  // the last key block that sees query block i: it adds first
               if (RIGHT < __UNBOUNDED__)
                 j_last = min(j_last, floor_div(RIGHT + min(m0 + BM - 1, Sq - 1), BN));
+              if (RT >= 1) j_last = min(j_last, (w.kv_end - 1) / BN);
+              if (RT == 2) j_last = min(j_last, __ldg(rt_last + (size_t)w.b * nq + i));
               while (ld_acquire(turn) != j_last - w.j) {
               }
             }
@@ -252,6 +280,8 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     publish_tmap(gv, tmap_templates + 128, tmap_stage + 128, v, lane);
     publish_tmap(gq, tmap_templates + 256, tmap_stage + 256, q, lane);
     publish_tmap(gdo, tmap_templates + 384, tmap_stage + 384, dout, lane);
+    // the staging buffers, written through the generic proxy, are then written by bulk copies
+    if (RT == 2) fence_async_smem_always();
     if (lane != 0) return;
     int g0 = 0;
     for (int n = 0;; ++n) {
@@ -276,7 +306,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
           const int s = g0 % STAGES;
           if (g0 == first) load_kv();
           if (g0 >= STAGES) mbar_wait(empty(s), ((g0 / STAGES) & 1) ^ 1);
-          mbar_expect_tx(full(s), 2 * QTILE + STAT);
+          mbar_expect_tx(full(s), 2 * QTILE + STAT + (RT == 2 ? BM * 4 : 0));
           tma_load_4d(s_q(s), gq, full(s), 0, h, m0, w.b);
           tma_load_4d(s_q(s) + BM * 128, gq, full(s), 64, h, m0, w.b);
           tma_load_4d(s_do(s), gdo, full(s), 0, h, m0, w.b);
@@ -284,6 +314,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
           const size_t row = ((size_t)w.b * H + h) * sq_pad + m0;
           bulk_load(s_stat(s), lse2 + row, BM * 4, full(s));
           bulk_load(s_stat(s) + BM * 4, delta + row, BM * 4, full(s));
+          if (RT == 2) bulk_load(s_qid0 + s * BM * 4, rt_q_ids + (size_t)w.b * sq_pad + m0, BM * 4, full(s));
         }
       if (g0 == first) load_kv();  // a walk of STAGES steps or fewer
     }
@@ -309,6 +340,11 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   float dvac[64], dkac[64];
 #pragma unroll
   for (int e = 0; e < 64; ++e) dvac[e] = dkac[e] = 0.f;
+  // segment ids of this thread's two keys
+  int key_id[2] = {0, 0};
+  if (RT == 2)
+    for (int x = 0; x < 2; ++x)
+      key_id[x] = key0 + 8 * x < Skv ? __ldg(rt_kv_ids + (size_t)w.b * Skv + key0 + 8 * x) : 0;
 
   mbar_wait(kv_full, n & 1);
   const int m_lo = w.i_lo * BM, m_end = m_lo + w.n_i * BM;
@@ -340,11 +376,13 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     const float* delta_s = lse_s + BM;
     // P^T: rows are keys key0 (+8), columns queries m0 + c
     // the thread's keys key0, key0 + 8 inside Skv, and key0 - its first query column
-    const bool in_kv[2] = {key0 < Skv, key0 + 8 < Skv};
+    const bool in_kv[2] = {key0 < w.kv_end, key0 + 8 < w.kv_end};
     const int d0 = key0 - m0 - 2 * (lane % 4);
-    bool edge = n0 + 64 * wg + 63 >= Skv;
+    const int* q_id_s = reinterpret_cast<const int*>(tmap_stage) + s * BM;  // the step's query ids
+    bool edge = n0 + 64 * wg + 63 >= w.kv_end;
     if (LEFT < __UNBOUNDED__) edge |= n0 + 64 * wg < m0 + BM - 1 - LEFT;
     if (RIGHT < __UNBOUNDED__) edge |= n0 + 64 * wg + 63 > m0 + RIGHT;
+    if (RT == 2) edge |= m0 < w.in_lo || m0 + BM > w.in_hi;
     auto dv_product = [&]() {
 #pragma unroll
       for (int kk = 0; kk < BM / 16; ++kk) wgmma_rs_128(dvac, p + 4 * kk, desc_at(do_mn, kk * 16 * 128));
@@ -383,6 +421,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
         bool ok = (e / 2) % 2 ? in_kv[1] : in_kv[0];
         if (LEFT < __UNBOUNDED__) ok &= d >= -LEFT;
         if (RIGHT < __UNBOUNDED__) ok &= d <= RIGHT;
+        if (RT == 2) ok &= q_id_s[c] == key_id[(e / 2) % 2];
         if (!ok) x = 0.f;
       }
       st[e] = x;
@@ -450,12 +489,18 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
 """
 
 
+BWD_RUNTIME_ARRAYS = ("rt_lens", "rt_q_ids", "rt_kv_ids", "rt_ranges", "rt_last")
+
+
 def bwd_source(left: int | None, right: int | None, *, stages: int = 2, dtype: str = "bfloat16",
-               ordered: bool = True) -> str:
+               ordered: bool = True, runtime: str = "") -> str:
     """The backward kernel's CUDA C++ for the mask ``i - left <= j <= i + right`` (``None``: unbounded).
 
     ``stages``: depth of the Q/dO ring; ``ordered``: dQ added in a fixed order (bit-identical
-    reruns) rather than as it comes (see the module docstring).
+    reruns) rather than as it comes (see the module docstring). ``runtime``
+    (:data:`source.RUNTIMES`): the runtime mask ANDed with the band, as in the forward; its
+    arrays (:data:`BWD_RUNTIME_ARRAYS`, the ids' ranges from
+    :func:`jax_bindings._cuda.runtime_tables.bwd_ranges`) follow ``tmap_templates``.
     """
     source.check_arguments(left, right, stages, dtype)
     subs = {
@@ -464,7 +509,8 @@ def bwd_source(left: int | None, right: int | None, *, stages: int = 2, dtype: s
         "__NAME__": KERNEL_NAME, "__UNBOUNDED__": source.UNBOUNDED,
         "__CONSUMER_WARPS__": source.CONSUMER_WARPS, "__SLOT_BYTES__": SLOT_BYTES,
         "__PRODUCER_REGS__": source.PRODUCER_REGS, "__CONSUMER_REGS__": source.CONSUMER_REGS,
-        "__ELEM__": source.ELEMENTS[dtype],
+        "__ELEM__": source.ELEMENTS[dtype], "__STAT_BYTES__": STAT_BYTES,
+        **source.runtime_subs(runtime, BWD_RUNTIME_ARRAYS),
     }
     text = (source.HELPERS + _HELPERS + source.wgmma_ss(64) + source.wgmma_ss(64, transposed=True)
             + source.wgmma_rs(D) + _KERNEL)

@@ -37,6 +37,7 @@ class FwdVariant:
     ``"strided"``, one CTA per SM taking every ``gridDim.x``-th tile, on bands bounded on the
     left, whose row blocks all walk about as far (1.05-1.24x the grid launch; the queue within
     noise of it). ``"grid"``, one CTA per row block, is kept for the spikes and tests.
+    ``runtime`` (:data:`source.RUNTIMES`): the runtime mask it takes (lengths, segment ids).
     """
 
     band: acsr.Band
@@ -45,6 +46,7 @@ class FwdVariant:
     stages: int = 2
     schedule: str = "grid"
     section_bytes: int = 0
+    runtime: str = ""
 
     def __post_init__(self):
         source.check_schedule(self.schedule)
@@ -53,7 +55,7 @@ class FwdVariant:
         """``(kernel name, CUDA C++)``, the name unique to the source (:func:`source.with_unique_name`)."""
         return source.with_unique_name(source.source(
             self.band.left, self.band.right, stages=self.stages, block_n=self.block_n, dtype=self.dtype,
-            schedule=self.schedule, section_bytes=self.section_bytes))
+            schedule=self.schedule, section_bytes=self.section_bytes, runtime=self.runtime))
 
     @property
     def smem(self) -> int:
@@ -63,16 +65,19 @@ class FwdVariant:
 @dataclass(frozen=True)
 class BwdVariant:
     """One generated backward kernel (:mod:`jax_bindings._cuda.bwd_source`): the band baked in,
-    the Q/dO ring depth, and whether dQ is added in a fixed order (bit-identical reruns)."""
+    the Q/dO ring depth, whether dQ is added in a fixed order (bit-identical reruns), and the
+    runtime mask it takes (:data:`source.RUNTIMES`)."""
 
     band: acsr.Band
     dtype: str
     stages: int = 2
     ordered: bool = True
+    runtime: str = ""
 
     def named_source(self) -> tuple[str, str]:
         return bwd_source.with_unique_name(bwd_source.bwd_source(
-            self.band.left, self.band.right, stages=self.stages, dtype=self.dtype, ordered=self.ordered))
+            self.band.left, self.band.right, stages=self.stages, dtype=self.dtype, ordered=self.ordered,
+            runtime=self.runtime))
 
     @property
     def smem(self) -> int:
@@ -92,9 +97,9 @@ def _band(layout: ACSR, head_dim: int, dtype: str) -> acsr.Band:
     return band
 
 
-def bwd_variant(layout: ACSR, head_dim: int, dtype: str) -> BwdVariant:
+def bwd_variant(layout: ACSR, head_dim: int, dtype: str, runtime: str = "") -> BwdVariant:
     """The backward kernel for this call, or NotImplementedError saying why none is generated."""
-    return BwdVariant(_band(layout, head_dim, dtype), dtype)
+    return BwdVariant(_band(layout, head_dim, dtype), dtype, runtime=runtime)
 
 
 # Query rows a key block's walk covers (``left + right + BN``) from which the backend offers
@@ -102,7 +107,7 @@ def bwd_variant(layout: ACSR, head_dim: int, dtype: str) -> BwdVariant:
 MIN_BWD_BAND_ROWS = 640
 
 
-def offered_bwd_variant(layout: ACSR, head_dim: int, dtype: str) -> BwdVariant:
+def offered_bwd_variant(layout: ACSR, head_dim: int, dtype: str, runtime: str = "") -> BwdVariant:
     """The backward kernel the backend runs for this call, or NotImplementedError saying why not.
 
     Offered where each key block walks at least 10 query blocks (a band of
@@ -112,7 +117,7 @@ def offered_bwd_variant(layout: ACSR, head_dim: int, dtype: str) -> BwdVariant:
     (256, 256) (11 steps) at S = 8192 and 16384; narrower windows, not measured, go to the next
     backend (``benchmarks/NOTES.md``, session 11).
     """
-    variant = bwd_variant(layout, head_dim, dtype)
+    variant = bwd_variant(layout, head_dim, dtype, runtime)
     band = variant.band
     if band.left is not None and band.right is not None:
         rows = band.left + band.right + bwd_source.BN
@@ -129,14 +134,15 @@ def offered_bwd_variant(layout: ACSR, head_dim: int, dtype: str) -> BwdVariant:
 QUEUE_SECTION_BYTES = 16 << 20
 
 
-def fwd_variant(layout: ACSR, head_dim: int, dtype: str) -> FwdVariant:
-    """The forward kernel for this call, or NotImplementedError saying why none is generated."""
+def fwd_variant(layout: ACSR, head_dim: int, dtype: str, runtime: str = "") -> FwdVariant:
+    """The forward kernel for this call (``runtime``: the runtime mask's kind), or
+    NotImplementedError saying why none is generated."""
     band = _band(layout, head_dim, dtype)
     if band.left is None and band.right is None:
-        return FwdVariant(band, dtype, block_n=176, schedule="queue")
+        return FwdVariant(band, dtype, block_n=176, schedule="queue", runtime=runtime)
     if band.left is None:
-        return FwdVariant(band, dtype, schedule="queue", section_bytes=QUEUE_SECTION_BYTES)
-    return FwdVariant(band, dtype, schedule="strided")
+        return FwdVariant(band, dtype, schedule="queue", section_bytes=QUEUE_SECTION_BYTES, runtime=runtime)
+    return FwdVariant(band, dtype, schedule="strided", runtime=runtime)
 
 
 @functools.lru_cache(maxsize=64)

@@ -174,6 +174,11 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int sr
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
                :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
+// `bytes` (a multiple of 16, from a 16-byte aligned address) into shared memory, completing on bar
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
 __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
 }
@@ -253,6 +258,7 @@ constexpr int BM = __BM__, BN = __BN__, HD = __D__, STAGES = __STAGES__, SN = BN
 constexpr int LEFT = __LEFT__, RIGHT = __RIGHT__;  // key j seen by row i: i - LEFT <= j <= i + RIGHT
 constexpr bool OVERLAP = __OVERLAP__, PINGPONG = __PINGPONG__;
 constexpr int SCHEDULE = __SCHEDULE__;  // 0: grid, 1: strided, 2: queue
+constexpr int RT = __RT__;  // runtime mask: 0 none, 1 lengths, 2 lengths and segment ids
 constexpr bool PERSISTENT = SCHEDULE != 0;  // one CTA per SM looping over work tiles, Q by TMA
 constexpr int FEED = __FEED__;  // 0: cp.async, 1: TMA, 2: none (a timing experiment)
 constexpr bool PROXY_FENCE = __PROXY_FENCE__;
@@ -264,9 +270,10 @@ static_assert(BAR_BYTES >= 8 * (4 * STAGES + 6) + 8, "the mbarriers and tickets 
 extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
     const uint16_t* __restrict__ v, const uint8_t* __restrict__ tmap_templates,
-    int Sq, int Skv, int H, int Hkv, int B, float scale_log2,
+    __RT_PARAMS__int Sq, int Skv, int H, int Hkv, int B, float scale_log2,
     uint16_t* __restrict__ out, float* __restrict__ lse, int* __restrict__ sem,
     uint8_t* __restrict__ tmap_slots) {
+  __RT_LOCALS__
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = (uint8_t*)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   const uint32_t s_q = smem_addr(smem);
@@ -294,7 +301,9 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   // queue: (batch, head)s per section, as many as SECTION_BYTES of K and V hold (at least one)
   const int section =
       (int)max(1LL, min((long long)(H * B), __SECTION_BYTES__LL / (4LL * HD * max(Skv, 1))));
-  struct Work { int h, b, m0, t0, n_tiles; };
+  // q_end, kv_end: the batch row's query and key lengths; keys [in_lo, in_hi) are seen by
+  // every row of the block as far as segment ids go (tiles inside it skip the id test)
+  struct Work { int h, b, m0, t0, n_tiles, q_end, kv_end, in_lo, in_hi; };
   auto work = [&](int w) {
     Work x;
     int mb;
@@ -324,8 +333,24 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     int lo = 0, hi = Skv;
     if (LEFT < __UNBOUNDED__) lo = max(0, x.m0 - LEFT);
     if (RIGHT < __UNBOUNDED__) hi = min(Skv, x.m0 + BM - 1 + RIGHT + 1);
+    x.q_end = Sq;
+    x.kv_end = Skv;
+    x.in_lo = 0;
+    x.in_hi = Skv;
+    if (RT >= 1) {
+      x.q_end = min(Sq, rt_lens[4 * x.b]);
+      x.kv_end = min(Skv, rt_lens[4 * x.b + 1]);
+      hi = min(hi, x.m0 < x.q_end ? x.kv_end : 0);  // a block of padding rows walks nothing
+    }
+    if (RT == 2) {
+      const int4 t = reinterpret_cast<const int4*>(rt_ranges)[(size_t)x.b * n_row_blocks + mb];
+      lo = max(lo, t.x);
+      hi = min(hi, t.y);
+      x.in_lo = t.z;
+      x.in_hi = t.w;
+    }
     x.t0 = lo / BN;
-    x.n_tiles = max(x.t0, (hi + BN - 1) / BN) - x.t0;
+    x.n_tiles = hi > lo ? (hi + BN - 1) / BN - x.t0 : 0;
     return x;
   };
   const int n_work = PERSISTENT ? n_row_blocks * H * B : 1;
@@ -443,6 +468,12 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   // warp-uniform (through a shuffle), so that what derives from it can live in uniform registers
   const int wg = __shfl_sync(0xffffffff, warp / 4, 0), wt = tid % 128;
   int m0 = 0, rows[2] = {0, 0};  // the current work tile's first row, this thread's two rows
+  // the current work tile's key length and id-free keys (Work); with segment ids, this thread's
+  // rows' ids, and, where the batch row's ids are sorted, the keys [key_lo, key_hi) of their ids
+  // (then the id test is two compares, else a load of the key's id)
+  int kv_end = Skv, in_lo = 0, in_hi = Skv, row_id[2] = {0, 0}, key_lo[2] = {0, 0}, key_hi[2] = {0, 0};
+  bool ids_sorted = false;
+  const int* kv_ids_b = nullptr;
   float o[64], sc[SN];  // sc: this thread's BN / 2 scores of its two rows
   uint32_t p[SN / 2];
   float mx[2], sum[2], corr[2];
@@ -470,18 +501,26 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   };
   // mask, running max and sum; sc becomes exp2(s * scale_log2 - max), corr the rescale of o
   auto softmax = [&](int n0) {
-    bool edge = n0 + BN > Skv;
+    bool edge = n0 + BN > kv_end;
     if (LEFT < __UNBOUNDED__) edge |= n0 < m0 + BM - 1 - LEFT;
     if (RIGHT < __UNBOUNDED__) edge |= n0 + BN - 1 > m0 + RIGHT;
+    if (RT == 2) edge |= n0 < in_lo || n0 + BN > in_hi;
     if (edge) {
-      // col - row and Skv - col as per-thread values plus constants: compares with immediates
-      const int col0 = n0 + 2 * (lane % 4), d0 = col0 - rows[0], room = Skv - col0;
+      // col - row and kv_end - col as per-thread values plus constants: compares with immediates
+      const int col0 = n0 + 2 * (lane % 4), d0 = col0 - rows[0], room = kv_end - col0;
+      const int lo_rel[2] = {key_lo[0] - col0, key_lo[1] - col0};
+      const int hi_rel[2] = {key_hi[0] - col0, key_hi[1] - col0};
 #pragma unroll
       for (int i = 0; i < SN; ++i) {
         const int dc = (i / 4) * 8 + (i % 2), d = d0 + dc - 8 * ((i / 2) % 2);
         bool ok = dc < room;
         if (LEFT < __UNBOUNDED__) ok &= d >= -LEFT;
         if (RIGHT < __UNBOUNDED__) ok &= d <= RIGHT;
+        if (RT == 2) {
+          const int r = (i / 2) % 2;
+          if (ids_sorted) ok &= dc >= lo_rel[r] && dc < hi_rel[r];
+          else ok &= (dc < room ? __ldg(kv_ids_b + col0 + dc) : 0) == row_id[r];
+        }
         if (!ok) sc[i] = NEG_INF;
       }
     }
@@ -523,6 +562,21 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   m0 = x.m0;
   rows[0] = m0 + 64 * wg + 16 * (warp % 4) + lane / 4;  // fragment rows r and r + 8 of the warp's 16
   rows[1] = rows[0] + 8;
+  kv_end = x.kv_end;
+  in_lo = x.in_lo;
+  in_hi = x.in_hi;
+  if (RT == 2) {
+    ids_sorted = __ldg(rt_lens + 4 * x.b + 2) != 0;
+    kv_ids_b = rt_kv_ids + (size_t)x.b * Skv;
+    for (int i = 0; i < 2; ++i) {
+      if (rows[i] >= Sq) continue;
+      const size_t r = (size_t)x.b * Sq + rows[i];
+      row_id[i] = __ldg(rt_q_ids + r);
+      const int2 keys = __ldg(reinterpret_cast<const int2*>(rt_bounds) + r);
+      key_lo[i] = keys.x;
+      key_hi[i] = keys.y;
+    }
+  }
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.f;
 #pragma unroll
@@ -643,6 +697,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   for (int i = 0; i < 2; ++i) {
     const int row = rows[i];
     if (row >= Sq) continue;
+    if (row >= x.q_end) sum[i] = 0.f;  // padding: out = 0, lse = -inf
     const float inv = sum[i] > 0.f ? 1.f / sum[i] : 0.f;
     uint16_t* orow = out + (((size_t)x.b * Sq + row) * H + x.h) * HD;
 #pragma unroll
@@ -689,10 +744,36 @@ def bound(x: int | None) -> int:
 
 ELEMENTS = {"bfloat16": "bf16", "float16": "f16"}  # input dtype -> PTX element type
 
+# Runtime masks (:mod:`jax_bindings._runtime`) a kernel is generated for, and the int32 arrays
+# each kind adds to its inputs (after ``tmap_templates``), in order (their meaning:
+# :mod:`jax_bindings._cuda.runtime_tables`): ``rt_lens`` with lengths; with ids also the ids,
+# per-block ranges and per-row bounds.
+RUNTIMES = {"": 0, "lengths": 1, "ids": 2}
+FWD_RUNTIME_ARRAYS = ("rt_lens", "rt_q_ids", "rt_kv_ids", "rt_ranges", "rt_bounds")
+
+
+def runtime_arrays(runtime: str, names: tuple[str, ...]) -> tuple[str, ...]:
+    """The runtime-mask arrays among ``names`` (a kernel's, in order) that ``runtime`` passes."""
+    if runtime not in RUNTIMES:
+        raise ValueError(f"runtime must be one of {sorted(RUNTIMES)}, got {runtime!r}")
+    return names[: {0: 0, 1: 1, 2: len(names)}[RUNTIMES[runtime]]]
+
+
+def runtime_subs(runtime: str, names: tuple[str, ...]) -> dict[str, str]:
+    """``__RT__``, ``__RT_PARAMS__`` (the arrays ``runtime`` passes) and ``__RT_LOCALS__`` (the
+    others as null pointers, so that code behind ``if (RT ...)`` compiles in every variant)."""
+    given = runtime_arrays(runtime, names)
+    return {
+        "__RT__": str(RUNTIMES[runtime]),
+        "__RT_PARAMS__": "".join(f"const int* __restrict__ {n}, " for n in given),
+        "__RT_LOCALS__": " ".join(f"const int* {n} = nullptr;" for n in names if n not in given),
+    }
+
 
 def source(left: int | None, right: int | None, *, stages: int = 2, overlap: bool = True,
            pingpong: bool = True, feed: str = "tma", proxy_fence: bool | None = None,
-           block_n: int = BN, dtype: str = "bfloat16", schedule: str = "grid", section_bytes: int = 0) -> str:
+           block_n: int = BN, dtype: str = "bfloat16", schedule: str = "grid", section_bytes: int = 0,
+           runtime: str = "") -> str:
     """The kernel's CUDA C++ for the mask ``i - left <= j <= i + right`` (``None``: unbounded).
 
     ``feed``: how K/V reach shared memory: ``"tma"`` (tensor maps: ``tmap_templates`` holds K's,
@@ -708,7 +789,11 @@ def source(left: int | None, right: int | None, *, stages: int = 2, overlap: boo
     one, and the maps are published once a CTA. ``section_bytes`` (queue only): the queue takes
     (batch, head)s in sections of as many as ``section_bytes`` of K and V hold at the call's
     ``Skv`` (at least one), a section after another; within one, longest walks first across its
-    heads. 0 (the default): one (batch, head) after another.
+    heads. 0 (the default): one (batch, head) after another. ``runtime`` (:data:`RUNTIMES`): the
+    runtime mask the kernel ANDs with the band: ``"lengths"``, padding (queries at or past
+    ``q_len`` get ``out = 0``, ``lse = -inf``; keys at or past ``kv_len`` are never seen);
+    ``"ids"``, padding and segment ids (a query sees a key of its own id), with the key range of
+    each row block from ``rt_ranges`` (:func:`jax_bindings._cuda.runtime_tables.fwd_ranges`).
     ``proxy_fence``: the consumers' generic -> async proxy fence after each wait (needed for
     cp.async; default on for it only). ``block_n``:
     keys per tile (the wgmma N of ``Q K^T``). V's MN-major descriptor has the 64-column block
@@ -735,7 +820,7 @@ def source(left: int | None, right: int | None, *, stages: int = 2, overlap: boo
                                                         else proxy_fence).lower(),
         "__SCHEDULE__": SCHEDULES[schedule], "__SLOT_BYTES__": SLOT_BYTES, "__BAR_BYTES__": bar_bytes(stages),
         "__PRODUCER_REGS__": PRODUCER_REGS, "__CONSUMER_REGS__": CONSUMER_REGS, "__ELEM__": ELEMENTS[dtype],
-        "__SECTION_BYTES__": section_bytes,
+        "__SECTION_BYTES__": section_bytes, **runtime_subs(runtime, FWD_RUNTIME_ARRAYS),
     }
     text = HELPERS + wgmma_ss(block_n) + wgmma_rs(D) + _KERNEL
     for key, val in subs.items():

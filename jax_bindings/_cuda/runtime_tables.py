@@ -1,0 +1,141 @@
+"""A runtime mask as the CUDA kernels read it: lengths, segment ids and per-block ranges (JAX).
+
+The generated kernels (:mod:`jax_bindings._cuda.source`, :mod:`jax_bindings._cuda.bwd_source`)
+AND a :class:`~jax_bindings._runtime.RuntimeMask` with their baked-in band. They take its
+lengths and ids as they are, and, with ids, the runs of keys (forward) or query rows
+(backward) each block can see and the run each query (forward) or key (backward) sees, built
+here on device in O(B * S * (S / 128 + 128)) elementwise work fused into a few kernels:
+
+=============  ==============  ===============================================================
+array          shape           meaning
+=============  ==============  ===============================================================
+rt_lens        ``[B, 4]``      ``q_len``, ``kv_len``, ``exact`` (1: ids sorted), 0
+rt_q_ids       ``[B, Sq]``     segment id of each query (backward: padded to whole query blocks,
+                               which its producer copies with each step's Q and dO)
+rt_kv_ids      ``[B, Skv]``    segment id of each key
+rt_ranges      ``[B, n, 4]``   forward: per row block of ``source.BM`` rows, keys ``[x, y)``
+                               that a row of it may see and keys ``[z, w)`` that every row sees
+                               (as far as ids go; tiles inside skip the id test). Backward: per
+                               key block of ``bwd_source.BN`` keys, the same in query rows
+rt_last        ``[B, nq]``     backward: per query block of ``bwd_source.BM`` rows, the last
+                               key block whose ``rt_ranges`` walk covers it (-1: none)
+rt_bounds      ``[B, Sq, 2]``  forward: per query, the keys ``[x, y)`` of its id (sorted rows
+                               only: there the kernel tests an id by two compares; elsewhere
+                               it loads the key's id)
+=============  ==============  ===============================================================
+
+Where ``exact[b]`` is set (both id arrays non-decreasing: packed documents) the runs come from
+binary searches of the other side's ids at each block's first and last element, so the kernels
+skip the tiles outside a block's documents. Elsewhere a block may see anything (``[0, S)``, no
+tile id-free): any ids are exact, sorted ones fast. The kernels apply the lengths themselves.
+
+The backward adds dQ in a fixed order, each query block's key blocks one after another from
+the last (:mod:`jax_bindings._cuda.bwd_source`), which needs the key blocks that walk a query
+block to be consecutive. With sorted ids, both ends of a key block's run of query blocks,
+``x // BM`` and ``max(x, y - 1) // BM``, never decrease from one key block to the next, and the
+run is never empty: so the key blocks covering a query block are consecutive. ``rt_last`` is
+the last of them.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jax_bindings._cuda import bwd_source, source
+from jax_bindings._runtime import RuntimeMask
+
+_I32 = jnp.int32
+
+
+def kind(runtime: RuntimeMask | None) -> str:
+    """The kernels' runtime kind (a key of :data:`source.RUNTIMES`) for ``runtime``, or
+    NotImplementedError naming what they cannot take."""
+    if runtime is None:
+        return ""
+    if runtime.q_pos is not None:
+        raise NotImplementedError("the cuda kernels take no q_offset (query positions)")
+    return "ids" if runtime.q_ids is not None else "lengths"
+
+
+_CHUNK = 128  # _count's first level: one id in this many
+
+
+def _count(sorted_ids: jax.Array, x: jax.Array, side: str) -> jax.Array:
+    """``[B, S], [B, n] -> [B, n]``: how many of each row's ids are < x (``"left"``) or <= x.
+
+    In two levels, each one comparison and one sum (no loop, a few fused kernels): the chunks of
+    :data:`_CHUNK` ids whose first id counts, then the ids of the last such chunk. Rows that are
+    not sorted give an unspecified count (the callers discard it)."""
+    b, s = sorted_ids.shape
+    counts = (lambda a, v: a < v) if side == "left" else (lambda a, v: a <= v)
+    heads = counts(sorted_ids[:, None, ::_CHUNK], x[:, :, None]).sum(-1, dtype=_I32)  # [B, n]
+    start = jnp.maximum(heads - 1, 0) * _CHUNK
+    idx = start[:, :, None] + jnp.arange(_CHUNK, dtype=_I32)  # [B, n, CHUNK]
+    chunk = jnp.take_along_axis(sorted_ids, jnp.minimum(idx, s - 1).reshape(b, -1), axis=1)
+    inside = (counts(chunk.reshape(idx.shape), x[:, :, None]) & (idx < s)).sum(-1, dtype=_I32)
+    return jnp.where(heads > 0, start + inside, 0)
+
+
+def _ranges(exact, own_ids, other_ids, block: int) -> jax.Array:
+    """``[B, n, 4]``: per block of ``block`` of ``own_ids``, the run of ``other_ids`` positions
+    whose id any element of the block has, and the run every element has (sorted rows); ``[0,
+    S_other)`` and an empty run where ``exact`` is 0."""
+    b, s = own_ids.shape
+    s_other = other_ids.shape[1]
+    first = jnp.arange(0, s, block)
+    last = jnp.minimum(first + block - 1, s - 1)
+    a, z = own_ids[:, first], own_ids[:, last]
+    runs = jnp.stack([_count(other_ids, a, "left"), _count(other_ids, z, "right"),
+                      _count(other_ids, z, "left"), _count(other_ids, a, "right")], axis=-1)
+    anything = jnp.broadcast_to(jnp.array([0, s_other, 0, 0], _I32), runs.shape)
+    return jnp.where(exact.astype(bool)[:, None, None], runs, anything)
+
+
+def lens(runtime: RuntimeMask) -> jax.Array:
+    """``rt_lens [B, 4]``."""
+    r = runtime
+    return jnp.stack([r.q_len, r.kv_len, r.exact, jnp.zeros_like(r.q_len)], axis=1).astype(_I32)
+
+
+def _bounds(own_ids: jax.Array, other_ids: jax.Array) -> jax.Array:
+    """``[B, S_own, 2]``: per position of ``own_ids``, the run of ``other_ids`` positions of its
+    id (meaningful where both rows are sorted)."""
+    return jnp.stack([_count(other_ids, own_ids, "left"), _count(other_ids, own_ids, "right")], axis=-1)
+
+
+def fwd_arrays(runtime: RuntimeMask) -> tuple[jax.Array, ...]:
+    """The forward kernel's runtime arrays (:data:`source.FWD_RUNTIME_ARRAYS` for its kind)."""
+    r = runtime
+    if kind(r) == "lengths":
+        return (lens(r),)
+    q_ids, kv_ids = r.q_ids.astype(_I32), r.kv_ids.astype(_I32)
+    ranges = _ranges(r.exact, q_ids, kv_ids, source.BM)
+    return lens(r), q_ids, kv_ids, ranges, _bounds(q_ids, kv_ids)
+
+
+def last_key_blocks(ranges: jax.Array, sq: int) -> jax.Array:
+    """``rt_last [B, nq]`` from the backward's ``rt_ranges``: per query block, the last key block
+    whose run of query blocks (``x // BM`` to ``max(x, y - 1) // BM``) covers it, -1 if none.
+    Both ends never decrease along the key blocks (module docstring), so it is the last key
+    block whose run starts at or before the query block, if that run reaches it."""
+    bm = bwd_source.BM
+    start = ranges[..., 0] // bm
+    end = jnp.maximum(ranges[..., 0], ranges[..., 1] - 1) // bm
+    blocks = jnp.arange(bwd_source.num_q_blocks(sq), dtype=_I32)
+    j = _count(start, jnp.broadcast_to(blocks, (start.shape[0], blocks.size)), "right") - 1
+    reaches = jnp.take_along_axis(end, jnp.maximum(j, 0), axis=1) >= blocks
+    return jnp.where((j >= 0) & reaches, j, -1).astype(_I32)
+
+
+def bwd_arrays(runtime: RuntimeMask) -> tuple[jax.Array, ...]:
+    """The backward kernel's runtime arrays (:data:`bwd_source.BWD_RUNTIME_ARRAYS` for its kind)."""
+    r = runtime
+    if kind(r) == "lengths":
+        return (lens(r),)
+    q_ids, kv_ids = r.q_ids.astype(_I32), r.kv_ids.astype(_I32)
+    ranges = _ranges(r.exact, kv_ids, q_ids, bwd_source.BN)
+    last = last_key_blocks(ranges, q_ids.shape[1])
+    sq = q_ids.shape[1]
+    padded = jnp.pad(q_ids, ((0, 0), (0, bwd_source.num_q_blocks(sq) * bwd_source.BM - sq)))
+    return lens(r), padded, kv_ids, ranges, last
