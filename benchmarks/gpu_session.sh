@@ -105,7 +105,7 @@ for l in sys.stdin:
         --out "$OUT/bench-auto.json" >"$OUT/bench-auto.log" 2>&1
       echo "auto bench rc=$?"; tail -30 "$OUT/bench-auto.log" ;;
     cuda)
-      timeout 300 python3 -m pytest -q tests/test_cuda_source.py tests/test_cuda_gpu.py tests/test_cuda_runtime_gpu.py -p no:cacheprovider -rs \
+      timeout 420 python3 -m pytest -q tests/test_cuda_source.py tests/test_cuda_gpu.py tests/test_cuda_runtime_gpu.py -p no:cacheprovider -rs \
         >"$OUT/gpu_cuda.log" 2>&1
       echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|Error" "$OUT/gpu_cuda.log" | head -20; tail -3 "$OUT/gpu_cuda.log" ;;
     sanitize-cuda)

@@ -39,9 +39,8 @@ def _ms(fn, args, feed, n=10) -> float:
     return timing.time_call(None, 2, 5, launch=launch, sync=sync, per_sample=n, calls_per_launch=n)["ms"]
 
 
-# the per-element id test of each kernel (the forward's on sorted ids), and what the no_id_test
-# experiment makes of it
-_ID_TESTS = {plan.FwdVariant: ("if (ids_sorted) ok &=", "if (ids_sorted) ok &= true ||"),
+# the per-element id test of each kernel, and what the no_id_test experiment makes of it
+_ID_TESTS = {plan.FwdVariant: ("if (RT == 2) ok &=", "if (RT == 2) ok &= true ||"),
              plan.BwdVariant: ("if (RT == 2) ok &=", "if (RT == 2) ok &= true ||")}
 
 
@@ -64,7 +63,7 @@ def _fwd(layout, kind: str, cut_id_test: bool = False):
     def fn(q, k, v, runtime):
         grid = plan.grid(q.shape, variant.schedule, cb._sm_count())
         maps = plan.tensor_maps(variant.block_n, q.shape, k.shape, v.shape)
-        rt = runtime_tables.fwd_arrays(runtime) if kind else ()
+        rt = runtime_tables.fwd_arrays(runtime, variant.block_n) if kind else ()
         return cb.run_forward(name, image, grid, variant.smem, maps, q, k, v, SCALE, rt)
 
     return jax.jit(fn)
@@ -98,7 +97,7 @@ def main(argv=None) -> int:
     row = {"B": B, "S": S, "documents": int(ids.max(1).sum() + B)}
     def tables(ids):  # the ids back, depending on every array (so that the chained calls run)
         rt = _runtime.build(B, S, S, segment_ids=ids)
-        arrays = (*runtime_tables.fwd_arrays(rt), *runtime_tables.bwd_arrays(rt))
+        arrays = (*runtime_tables.fwd_arrays(rt, source.BN), *runtime_tables.bwd_arrays(rt))
         total = sum(x.sum() for x in arrays)
         return jnp.minimum(ids, ids + (total >= -1))
 

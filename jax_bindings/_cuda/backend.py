@@ -117,7 +117,7 @@ def attention_fwd(q, k, v, runtime, layout: ACSR, scale: float, soft_cap=None):
     name, image = plan.compiled(variant)
     grid = plan.grid(q.shape, variant.schedule, _sm_count())
     maps = plan.tensor_maps(variant.block_n, q.shape, k.shape, v.shape)
-    rt_arrays = runtime_tables.fwd_arrays(runtime) if rt else ()
+    rt_arrays = runtime_tables.fwd_arrays(runtime, variant.block_n) if rt else ()
     return run_forward(name, image, grid, variant.smem, maps, q, k, v, scale, rt_arrays)
 
 

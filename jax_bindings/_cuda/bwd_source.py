@@ -40,8 +40,14 @@ Outputs ``dk``, ``dv`` like k, v (dk times ``scale``), ``dq_acc`` fp32 (:func:`d
 without the scale once :func:`dq_from_acc` reorders it), zeroed before the launch like ``sem``
 (int32: a ticket counter, then a turn counter per (batch, head, query block)), and the CTAs'
 tensor-map slots. Parameters, in jaxlib's order:
-``q, k, v, dout, lse2, delta, tmap_templates, Sq, Skv, H, Hkv, B, scale_log2, scale, dk, dv,
-dq_acc, sem, tmap_slots``.
+``q, k, v, dout, lse2, delta, tmap_templates, [runtime arrays,] Sq, Skv, H, Hkv, B, scale_log2,
+scale, dk, dv, dq_acc, sem, tmap_slots``.
+
+A runtime mask (``bwd_source(runtime=)``, arrays from :mod:`jax_bindings._cuda.runtime_tables`)
+is ANDed with the band: padding rows need nothing (their ``lse2`` is ``+inf``), keys at or past
+``kv_len`` are masked and walk nothing; with segment ids a key block walks only the query
+blocks of its keys' ids, and the producer copies each step's query ids with its Q and dO into
+the tensor-map staging buffers (free once the maps are published).
 """
 
 from __future__ import annotations
@@ -203,8 +209,8 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     it.in_lo = 0;
     it.in_hi = Sq;
     if (RT >= 1) {
-      it.q_end = min(Sq, rt_lens[4 * it.b]);
-      it.kv_end = min(Skv, rt_lens[4 * it.b + 1]);
+      it.q_end = min(Sq, rt_lens[2 * it.b]);
+      it.kv_end = min(Skv, rt_lens[2 * it.b + 1]);
       i_hi = it.n0 < it.kv_end && it.q_end > 0 ? min(i_hi, (it.q_end - 1) / BM) : -1;
     }
     if (RT == 2) {

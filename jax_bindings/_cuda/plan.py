@@ -59,7 +59,7 @@ class FwdVariant:
 
     @property
     def smem(self) -> int:
-        return source.smem_bytes(self.stages, self.block_n)
+        return source.smem_bytes(self.stages, self.block_n, self.runtime)
 
 
 @dataclass(frozen=True)

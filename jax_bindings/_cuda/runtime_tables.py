@@ -3,25 +3,23 @@
 The generated kernels (:mod:`jax_bindings._cuda.source`, :mod:`jax_bindings._cuda.bwd_source`)
 AND a :class:`~jax_bindings._runtime.RuntimeMask` with their baked-in band. They take its
 lengths and ids as they are, and, with ids, the runs of keys (forward) or query rows
-(backward) each block can see and the run each query (forward) or key (backward) sees, built
-here on device in O(B * S * (S / 128 + 128)) elementwise work fused into a few kernels:
+(backward) each block can see, built here on device in O(B * S / 128 * (S / 128 + 128))
+elementwise work fused into a few kernels:
 
 =============  ==============  ===============================================================
 array          shape           meaning
 =============  ==============  ===============================================================
-rt_lens        ``[B, 4]``      ``q_len``, ``kv_len``, ``exact`` (1: ids sorted), 0
+rt_lens        ``[B, 2]``      ``q_len``, ``kv_len``
 rt_q_ids       ``[B, Sq]``     segment id of each query (backward: padded to whole query blocks,
                                which its producer copies with each step's Q and dO)
-rt_kv_ids      ``[B, Skv]``    segment id of each key
+rt_kv_ids      ``[B, Skv]``    segment id of each key (forward: padded to whole key tiles of
+                               ``block_n``, which its producer copies with each K tile)
 rt_ranges      ``[B, n, 4]``   forward: per row block of ``source.BM`` rows, keys ``[x, y)``
                                that a row of it may see and keys ``[z, w)`` that every row sees
                                (as far as ids go; tiles inside skip the id test). Backward: per
                                key block of ``bwd_source.BN`` keys, the same in query rows
 rt_last        ``[B, nq]``     backward: per query block of ``bwd_source.BM`` rows, the last
                                key block whose ``rt_ranges`` walk covers it (-1: none)
-rt_bounds      ``[B, Sq, 2]``  forward: per query, the keys ``[x, y)`` of its id (sorted rows
-                               only: there the kernel tests an id by two compares; elsewhere
-                               it loads the key's id)
 =============  ==============  ===============================================================
 
 Where ``exact[b]`` is set (both id arrays non-decreasing: packed documents) the runs come from
@@ -58,22 +56,26 @@ def kind(runtime: RuntimeMask | None) -> str:
     return "ids" if runtime.q_ids is not None else "lengths"
 
 
-_CHUNK = 128  # _count's first level: one id in this many
+_CHUNK = 128  # _runs' first level: one id in this many
 
 
-def _count(sorted_ids: jax.Array, x: jax.Array, side: str) -> jax.Array:
-    """``[B, S], [B, n] -> [B, n]``: how many of each row's ids are < x (``"left"``) or <= x.
+def _runs(sorted_ids: jax.Array, x: jax.Array) -> jax.Array:
+    """``[B, S], [B, n] -> [B, n, 2]``: how many of each row's ids are < x and <= x (the run of
+    positions holding x).
 
-    In two levels, each one comparison and one sum (no loop, a few fused kernels): the chunks of
-    :data:`_CHUNK` ids whose first id counts, then the ids of the last such chunk. Rows that are
-    not sorted give an unspecified count (the callers discard it)."""
+    In two levels, each one comparison and one sum (no loop; a few fused kernels, both counts
+    at once): the chunks of :data:`_CHUNK` ids whose first id counts, then the ids of the last
+    such chunk. Rows that are not sorted give unspecified counts (the callers discard them)."""
     b, s = sorted_ids.shape
-    counts = (lambda a, v: a < v) if side == "left" else (lambda a, v: a <= v)
-    heads = counts(sorted_ids[:, None, ::_CHUNK], x[:, :, None]).sum(-1, dtype=_I32)  # [B, n]
+    v = x[:, :, None, None]
+    # [B, n, 2]: the chunk heads < x, and <= x
+    heads = jnp.stack([sorted_ids[:, None, ::_CHUNK] < x[:, :, None],
+                       sorted_ids[:, None, ::_CHUNK] <= x[:, :, None]], axis=2).sum(-1, dtype=_I32)
     start = jnp.maximum(heads - 1, 0) * _CHUNK
-    idx = start[:, :, None] + jnp.arange(_CHUNK, dtype=_I32)  # [B, n, CHUNK]
-    chunk = jnp.take_along_axis(sorted_ids, jnp.minimum(idx, s - 1).reshape(b, -1), axis=1)
-    inside = (counts(chunk.reshape(idx.shape), x[:, :, None]) & (idx < s)).sum(-1, dtype=_I32)
+    idx = start[..., None] + jnp.arange(_CHUNK, dtype=_I32)  # [B, n, 2, CHUNK]
+    chunk = jnp.take_along_axis(sorted_ids, jnp.minimum(idx, s - 1).reshape(b, -1), axis=1).reshape(idx.shape)
+    below = jnp.stack([chunk[:, :, 0] < v[:, :, 0], chunk[:, :, 1] <= v[:, :, 0]], axis=2)
+    inside = (below & (idx < s)).sum(-1, dtype=_I32)
     return jnp.where(heads > 0, start + inside, 0)
 
 
@@ -85,33 +87,34 @@ def _ranges(exact, own_ids, other_ids, block: int) -> jax.Array:
     s_other = other_ids.shape[1]
     first = jnp.arange(0, s, block)
     last = jnp.minimum(first + block - 1, s - 1)
-    a, z = own_ids[:, first], own_ids[:, last]
-    runs = jnp.stack([_count(other_ids, a, "left"), _count(other_ids, z, "right"),
-                      _count(other_ids, z, "left"), _count(other_ids, a, "right")], axis=-1)
+    n = first.size
+    ends = _runs(other_ids, jnp.concatenate([own_ids[:, first], own_ids[:, last]], axis=1))
+    a, z = ends[:, :n], ends[:, n:]  # the runs of each block's first and last id
+    runs = jnp.stack([a[..., 0], z[..., 1], z[..., 0], a[..., 1]], axis=-1)
     anything = jnp.broadcast_to(jnp.array([0, s_other, 0, 0], _I32), runs.shape)
     return jnp.where(exact.astype(bool)[:, None, None], runs, anything)
 
 
 def lens(runtime: RuntimeMask) -> jax.Array:
-    """``rt_lens [B, 4]``."""
-    r = runtime
-    return jnp.stack([r.q_len, r.kv_len, r.exact, jnp.zeros_like(r.q_len)], axis=1).astype(_I32)
+    """``rt_lens [B, 2]``."""
+    return jnp.stack([runtime.q_len, runtime.kv_len], axis=1).astype(_I32)
 
 
-def _bounds(own_ids: jax.Array, other_ids: jax.Array) -> jax.Array:
-    """``[B, S_own, 2]``: per position of ``own_ids``, the run of ``other_ids`` positions of its
-    id (meaningful where both rows are sorted)."""
-    return jnp.stack([_count(other_ids, own_ids, "left"), _count(other_ids, own_ids, "right")], axis=-1)
+def _padded(ids: jax.Array, block: int) -> jax.Array:
+    """``ids [B, S]`` padded with zeros to a whole number of blocks."""
+    s = ids.shape[1]
+    return jnp.pad(ids, ((0, 0), (0, -(-s // block) * block - s)))
 
 
-def fwd_arrays(runtime: RuntimeMask) -> tuple[jax.Array, ...]:
-    """The forward kernel's runtime arrays (:data:`source.FWD_RUNTIME_ARRAYS` for its kind)."""
+def fwd_arrays(runtime: RuntimeMask, block_n: int) -> tuple[jax.Array, ...]:
+    """The forward kernel's runtime arrays (:data:`source.FWD_RUNTIME_ARRAYS` for its kind), for
+    a kernel of ``block_n`` keys a tile."""
     r = runtime
     if kind(r) == "lengths":
         return (lens(r),)
     q_ids, kv_ids = r.q_ids.astype(_I32), r.kv_ids.astype(_I32)
     ranges = _ranges(r.exact, q_ids, kv_ids, source.BM)
-    return lens(r), q_ids, kv_ids, ranges, _bounds(q_ids, kv_ids)
+    return lens(r), q_ids, _padded(kv_ids, block_n), ranges
 
 
 def last_key_blocks(ranges: jax.Array, sq: int) -> jax.Array:
@@ -123,7 +126,7 @@ def last_key_blocks(ranges: jax.Array, sq: int) -> jax.Array:
     start = ranges[..., 0] // bm
     end = jnp.maximum(ranges[..., 0], ranges[..., 1] - 1) // bm
     blocks = jnp.arange(bwd_source.num_q_blocks(sq), dtype=_I32)
-    j = _count(start, jnp.broadcast_to(blocks, (start.shape[0], blocks.size)), "right") - 1
+    j = _runs(start, jnp.broadcast_to(blocks, (start.shape[0], blocks.size)))[..., 1] - 1
     reaches = jnp.take_along_axis(end, jnp.maximum(j, 0), axis=1) >= blocks
     return jnp.where((j >= 0) & reaches, j, -1).astype(_I32)
 
@@ -136,6 +139,4 @@ def bwd_arrays(runtime: RuntimeMask) -> tuple[jax.Array, ...]:
     q_ids, kv_ids = r.q_ids.astype(_I32), r.kv_ids.astype(_I32)
     ranges = _ranges(r.exact, kv_ids, q_ids, bwd_source.BN)
     last = last_key_blocks(ranges, q_ids.shape[1])
-    sq = q_ids.shape[1]
-    padded = jnp.pad(q_ids, ((0, 0), (0, bwd_source.num_q_blocks(sq) * bwd_source.BM - sq)))
-    return lens(r), padded, kv_ids, ranges, last
+    return lens(r), _padded(q_ids, bwd_source.BM), kv_ids, ranges, last

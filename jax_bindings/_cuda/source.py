@@ -42,8 +42,15 @@ bound; either may be negative), ``0 <= j < Skv``; a row block that sees no key s
 (natural log; ``-inf`` and ``out = 0`` on a row with no key). ``sem`` is one int32, zeroed
 before the launch (the queue's ticket counter; passed, unused, by the other schedules).
 Parameters: the array inputs, the scalars, then the array outputs (the order jaxlib's kernel
-call hands buffers in): ``q, k, v, tmap_templates, Sq, Skv, H, Hkv, B, scale_log2, out, lse,
-sem, tmap_slots``.
+call hands buffers in): ``q, k, v, tmap_templates, [runtime arrays,] Sq, Skv, H, Hkv, B,
+scale_log2, out, lse, sem, tmap_slots``.
+
+A runtime mask (``source(runtime=)``, arrays from :mod:`jax_bindings._cuda.runtime_tables`) is
+ANDed with the band: with lengths, a row block of padding walks nothing and padding rows get
+``out = 0``, ``lse = -inf``, keys at or past ``kv_len`` are masked like keys past ``Skv``; with
+segment ids, a row block walks only the keys of its rows' ids (its run in ``rt_ranges``), the
+producer copies each key tile's ids with its K tile (a stage's K is released after the softmax
+that reads them), and tiles outside the keys every row of the block sees compare ids.
 """
 
 from __future__ import annotations
@@ -74,12 +81,13 @@ def bar_bytes(stages: int) -> int:
     return -(-(32 * stages + 56) // 128) * 128
 
 
-def smem_bytes(stages: int, block_n: int = BN) -> int:
+def smem_bytes(stages: int, block_n: int = BN, runtime: str = "") -> int:
     """Dynamic shared memory, the same for every schedule: Q, ``stages`` K and V tiles, the
     mbarriers and tickets (:func:`bar_bytes`), three tensor-map staging buffers of 128 bytes,
-    1 KiB for alignment."""
+    with segment ids (``runtime="ids"``) the key tiles' ids (4 bytes a key), 1 KiB for alignment."""
     tile = block_n * D * 2
-    return BM * D * 2 + 2 * stages * tile + bar_bytes(stages) + 384 + 1024
+    ids = stages * block_n * 4 if runtime == "ids" else 0
+    return BM * D * 2 + 2 * stages * tile + bar_bytes(stages) + 384 + ids + 1024
 
 
 def wgmma_ss(n: int, transposed: bool = False) -> str:
@@ -283,6 +291,9 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   // item_empty (2 each); then the two ticket slots
   const uint32_t s_bar = s_v + STAGES * TILE;
   uint8_t* tmap_stage = smem + (s_bar - s_q) + BAR_BYTES;  // 3 x 128 bytes
+  // with segment ids: the ids of each stage's key tile (BN x 4 bytes), loaded with the K tile
+  const uint32_t s_ids = s_bar + BAR_BYTES + 384;
+  const int kv_ids_stride = (Skv + BN - 1) / BN * BN;  // rt_kv_ids is [B, Skv] padded to whole tiles
   auto full_k = [&](int s) { return s_bar + 8 * s; };
   auto full_v = [&](int s) { return s_bar + 8 * (STAGES + s); };
   auto empty_k = [&](int s) { return s_bar + 8 * (2 * STAGES + s); };
@@ -338,8 +349,8 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     x.in_lo = 0;
     x.in_hi = Skv;
     if (RT >= 1) {
-      x.q_end = min(Sq, rt_lens[4 * x.b]);
-      x.kv_end = min(Skv, rt_lens[4 * x.b + 1]);
+      x.q_end = min(Sq, rt_lens[2 * x.b]);
+      x.kv_end = min(Skv, rt_lens[2 * x.b + 1]);
       hi = min(hi, x.m0 < x.q_end ? x.kv_end : 0);  // a block of padding rows walks nothing
     }
     if (RT == 2) {
@@ -419,9 +430,11 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
         for (int n0 = x.t0 * BN; ring < r_end; ++ring, n0 += BN) {
           const int s = ring % STAGES, parity = ((ring / STAGES) & 1) ^ 1;
           if (ring >= STAGES) mbar_wait(empty_k(s), parity);
-          mbar_expect_tx(full_k(s), TILE);
+          mbar_expect_tx(full_k(s), TILE + (RT == 2 ? BN * 4 : 0));
           tma_load_4d(s_k + s * TILE, gk, full_k(s), 0, hkv, n0, x.b);
           tma_load_4d(s_k + s * TILE + BN * 128, gk, full_k(s), 64, hkv, n0, x.b);
+          if (RT == 2)
+            bulk_load(s_ids + s * BN * 4, rt_kv_ids + (size_t)x.b * kv_ids_stride + n0, BN * 4, full_k(s));
           if (ring >= STAGES) mbar_wait(empty_v(s), parity);
           mbar_expect_tx(full_v(s), TILE);
           tma_load_4d(s_v + s * TILE, gv, full_v(s), 0, hkv, n0, x.b);
@@ -468,12 +481,8 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   // warp-uniform (through a shuffle), so that what derives from it can live in uniform registers
   const int wg = __shfl_sync(0xffffffff, warp / 4, 0), wt = tid % 128;
   int m0 = 0, rows[2] = {0, 0};  // the current work tile's first row, this thread's two rows
-  // the current work tile's key length and id-free keys (Work); with segment ids, this thread's
-  // rows' ids, and, where the batch row's ids are sorted, the keys [key_lo, key_hi) of their ids
-  // (then the id test is two compares, else a load of the key's id)
-  int kv_end = Skv, in_lo = 0, in_hi = Skv, row_id[2] = {0, 0}, key_lo[2] = {0, 0}, key_hi[2] = {0, 0};
-  bool ids_sorted = false;
-  const int* kv_ids_b = nullptr;
+  // the current work tile's key length and id-free keys (Work), this thread's rows' segment ids
+  int kv_end = Skv, in_lo = 0, in_hi = Skv, row_id[2] = {0, 0};
   float o[64], sc[SN];  // sc: this thread's BN / 2 scores of its two rows
   uint32_t p[SN / 2];
   float mx[2], sum[2], corr[2];
@@ -500,7 +509,8 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     for (int kk = 0; kk < BN / 16; ++kk) wgmma_rs___D__(o, p + 4 * kk, desc_at(v_desc, kk * 16 * 128));
   };
   // mask, running max and sum; sc becomes exp2(s * scale_log2 - max), corr the rescale of o
-  auto softmax = [&](int n0) {
+  // (tile n0 in stage s: with segment ids, its keys' ids are in the stage's slot)
+  auto softmax = [&](int n0, int s) {
     bool edge = n0 + BN > kv_end;
     if (LEFT < __UNBOUNDED__) edge |= n0 < m0 + BM - 1 - LEFT;
     if (RIGHT < __UNBOUNDED__) edge |= n0 + BN - 1 > m0 + RIGHT;
@@ -508,19 +518,14 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     if (edge) {
       // col - row and kv_end - col as per-thread values plus constants: compares with immediates
       const int col0 = n0 + 2 * (lane % 4), d0 = col0 - rows[0], room = kv_end - col0;
-      const int lo_rel[2] = {key_lo[0] - col0, key_lo[1] - col0};
-      const int hi_rel[2] = {key_hi[0] - col0, key_hi[1] - col0};
+      const int* key_id = reinterpret_cast<const int*>(smem + (s_ids - s_q) + s * BN * 4) + 2 * (lane % 4);
 #pragma unroll
       for (int i = 0; i < SN; ++i) {
         const int dc = (i / 4) * 8 + (i % 2), d = d0 + dc - 8 * ((i / 2) % 2);
         bool ok = dc < room;
         if (LEFT < __UNBOUNDED__) ok &= d >= -LEFT;
         if (RIGHT < __UNBOUNDED__) ok &= d <= RIGHT;
-        if (RT == 2) {
-          const int r = (i / 2) % 2;
-          if (ids_sorted) ok &= dc >= lo_rel[r] && dc < hi_rel[r];
-          else ok &= (dc < room ? __ldg(kv_ids_b + col0 + dc) : 0) == row_id[r];
-        }
+        if (RT == 2) ok &= key_id[dc] == row_id[(i / 2) % 2];
         if (!ok) sc[i] = NEG_INF;
       }
     }
@@ -542,6 +547,13 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
       sc[i] = fast_exp2(sc[i] * scale_log2 - base[(i / 2) % 2]);
       sum[(i / 2) % 2] += sc[i];
     }
+  };
+  // a K stage is free once its product is complete (before the softmax); with segment ids, once
+  // the softmax has read the stage's key ids too (after it)
+  auto release_k = [&](int s, bool after_softmax) {
+    if (after_softmax != (RT == 2)) return;
+    if (RT == 2) __syncwarp();
+    if (lane == 0) mbar_arrive(empty_k(s));
   };
   auto to_p = [&]() {
 #pragma unroll
@@ -565,18 +577,8 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   kv_end = x.kv_end;
   in_lo = x.in_lo;
   in_hi = x.in_hi;
-  if (RT == 2) {
-    ids_sorted = __ldg(rt_lens + 4 * x.b + 2) != 0;
-    kv_ids_b = rt_kv_ids + (size_t)x.b * Skv;
-    for (int i = 0; i < 2; ++i) {
-      if (rows[i] >= Sq) continue;
-      const size_t r = (size_t)x.b * Sq + rows[i];
-      row_id[i] = __ldg(rt_q_ids + r);
-      const int2 keys = __ldg(reinterpret_cast<const int2*>(rt_bounds) + r);
-      key_lo[i] = keys.x;
-      key_hi[i] = keys.y;
-    }
-  }
+  if (RT == 2)
+    for (int i = 0; i < 2; ++i) row_id[i] = rows[i] < Sq ? __ldg(rt_q_ids + (size_t)x.b * Sq + rows[i]) : 0;
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.f;
 #pragma unroll
@@ -615,8 +617,9 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     turn_pass(false);
     wgmma_wait<0>();
     fence_regs<SN>(sc);
-    if (lane == 0) mbar_arrive(empty_k(stage(0)));
-    softmax(x.t0 * BN);
+    release_k(stage(0), false);
+    softmax(x.t0 * BN, stage(0));
+    release_k(stage(0), true);
     to_p();
     for (int t = 1; t < n_tiles; ++t) {
       const int s = stage(t), sp = stage(t - 1);
@@ -632,8 +635,9 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
       turn_pass(false);
       wgmma_wait<1>();
       fence_regs<SN>(sc);
-      if (lane == 0) mbar_arrive(empty_k(s));
-      softmax((x.t0 + t) * BN);
+      release_k(s, false);
+      softmax((x.t0 + t) * BN, s);
+      release_k(s, true);
       wgmma_wait<0>();
       fence_regs<64>(o);
       if (lane == 0) mbar_arrive(empty_v(sp));
@@ -665,8 +669,9 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
       turn_pass(false);
       wgmma_wait<0>();
       fence_regs<SN>(sc);
-      if (lane == 0) mbar_arrive(empty_k(s));
-      softmax((x.t0 + t) * BN);
+      release_k(s, false);
+      softmax((x.t0 + t) * BN, s);
+      release_k(s, true);
       rescale_o();
       to_p();
       mbar_wait(full_v(s), parity);
@@ -746,10 +751,10 @@ ELEMENTS = {"bfloat16": "bf16", "float16": "f16"}  # input dtype -> PTX element 
 
 # Runtime masks (:mod:`jax_bindings._runtime`) a kernel is generated for, and the int32 arrays
 # each kind adds to its inputs (after ``tmap_templates``), in order (their meaning:
-# :mod:`jax_bindings._cuda.runtime_tables`): ``rt_lens`` with lengths; with ids also the ids,
-# per-block ranges and per-row bounds.
+# :mod:`jax_bindings._cuda.runtime_tables`): ``rt_lens`` with lengths; with ids also the ids and
+# per-block ranges.
 RUNTIMES = {"": 0, "lengths": 1, "ids": 2}
-FWD_RUNTIME_ARRAYS = ("rt_lens", "rt_q_ids", "rt_kv_ids", "rt_ranges", "rt_bounds")
+FWD_RUNTIME_ARRAYS = ("rt_lens", "rt_q_ids", "rt_kv_ids", "rt_ranges")
 
 
 def runtime_arrays(runtime: str, names: tuple[str, ...]) -> tuple[str, ...]:
@@ -808,6 +813,8 @@ def source(left: int | None, right: int | None, *, stages: int = 2, overlap: boo
     if block_n % 16 or not 16 <= block_n <= 256:
         raise ValueError(f"block_n must be a multiple of 16 in [16, 256], got {block_n}")
     check_arguments(left, right, stages, dtype)
+    if runtime == "ids" and feed != "tma":
+        raise ValueError(f"runtime='ids' needs feed='tma' (key ids come with K by bulk copy), got {feed!r}")
     if type(section_bytes) is not int or not 0 <= section_bytes < 2**40:
         raise ValueError(f"section_bytes must be an int in [0, 2**40), got {section_bytes!r}")
     subs = {
