@@ -167,10 +167,12 @@ def attention(
         ``z = scale * q . k`` become ``c * tanh(z / c)`` before masking
         (Gemma 2).
       backend: one of ``jax_bindings.BACKENDS``: ``"auto"`` (the fastest
-        backend here that takes the call: cuDNN or Triton on a CUDA GPU, else
-        pure JAX; ``jax_bindings.selected_backend`` says which), or a backend
-        by name (``"triton"``, ``"cudnn"``, ``"jax"``), which raises rather
-        than fall back when it cannot take the call.
+        backend here that takes the call: the generated CUDA kernels (Hopper,
+        one-band masks, with or without segment ids and lengths), cuDNN or
+        Triton on a CUDA GPU, else pure JAX; ``jax_bindings.selected_backend``
+        says which), or a backend by name (``"cuda"``, ``"triton"``,
+        ``"cudnn"``, ``"jax"``), which raises rather than fall back when it
+        cannot take the call.
 
     Returns:
       ``[B, Sq, H, D]`` in the dtype of ``query``.

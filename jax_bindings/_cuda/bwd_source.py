@@ -204,15 +204,12 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     if (RIGHT < __UNBOUNDED__) lo = max(lo, it.n0 - RIGHT);
     if (LEFT < __UNBOUNDED__) hi = min(hi, it.n0 + BN - 1 + LEFT);
     int i_lo = lo / BM, i_hi = lo <= hi ? hi / BM : -1;
-    it.q_end = Sq;
-    it.kv_end = Skv;
+    const int2 len = batch_lengths(rt_lens, it.b, Sq, Skv);
+    it.q_end = len.x;
+    it.kv_end = len.y;
     it.in_lo = 0;
     it.in_hi = Sq;
-    if (RT >= 1) {
-      it.q_end = min(Sq, rt_lens[2 * it.b]);
-      it.kv_end = min(Skv, rt_lens[2 * it.b + 1]);
-      i_hi = it.n0 < it.kv_end && it.q_end > 0 ? min(i_hi, (it.q_end - 1) / BM) : -1;
-    }
+    if (RT >= 1) i_hi = it.n0 < it.kv_end && it.q_end > 0 ? min(i_hi, (it.q_end - 1) / BM) : -1;
     if (RT == 2) {
       // rows [x, y) see a key of the block; blocks x / BM .. max(x, y - 1) / BM (never none)
       const int4 t = reinterpret_cast<const int4*>(rt_ranges)[(size_t)it.b * nkv + it.j];

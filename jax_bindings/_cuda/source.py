@@ -182,6 +182,12 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int sr
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
                :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
+// A batch row's query and key lengths: rt_lens [B, 2] (a runtime mask's) clipped to (Sq, Skv), or
+// (Sq, Skv) where there is none (rt_lens null)
+__device__ __forceinline__ int2 batch_lengths(const int* rt_lens, int b, int Sq, int Skv) {
+  if (rt_lens == nullptr) return make_int2(Sq, Skv);
+  return make_int2(min(Sq, rt_lens[2 * b]), min(Skv, rt_lens[2 * b + 1]));
+}
 // `bytes` (a multiple of 16, from a 16-byte aligned address) into shared memory, completing on bar
 __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
@@ -344,15 +350,12 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     int lo = 0, hi = Skv;
     if (LEFT < __UNBOUNDED__) lo = max(0, x.m0 - LEFT);
     if (RIGHT < __UNBOUNDED__) hi = min(Skv, x.m0 + BM - 1 + RIGHT + 1);
-    x.q_end = Sq;
-    x.kv_end = Skv;
+    const int2 len = batch_lengths(rt_lens, x.b, Sq, Skv);
+    x.q_end = len.x;
+    x.kv_end = len.y;
     x.in_lo = 0;
     x.in_hi = Skv;
-    if (RT >= 1) {
-      x.q_end = min(Sq, rt_lens[2 * x.b]);
-      x.kv_end = min(Skv, rt_lens[2 * x.b + 1]);
-      hi = min(hi, x.m0 < x.q_end ? x.kv_end : 0);  // a block of padding rows walks nothing
-    }
+    if (RT >= 1) hi = min(hi, x.m0 < x.q_end ? x.kv_end : 0);  // a block of padding rows walks nothing
     if (RT == 2) {
       const int4 t = reinterpret_cast<const int4*>(rt_ranges)[(size_t)x.b * n_row_blocks + mb];
       lo = max(lo, t.x);
