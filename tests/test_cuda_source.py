@@ -33,6 +33,8 @@ from jax_bindings._cuda import source as gen
         (dict(schedule="queue", section_bytes=-1), "section_bytes"),
         (dict(schedule="queue", section_bytes=1.5), "section_bytes"),
         (dict(schedule="queue", section_bytes=True), "section_bytes"),
+        (dict(runtime="padding"), "runtime"),
+        (dict(runtime="ids", feed="cp.async"), "runtime"),
     ],
 )
 def test_bad_arguments_are_named(kwargs, name):
@@ -212,6 +214,35 @@ def test_backward_variant_compiles_for_sm90a(cuda_compiler, variant):
     assert int(re.search(r"Used (\d+) registers", log).group(1)) <= 168, log
 
 
+RUNTIME_VARIANTS = [  # (generator, left, right, kwargs): the runtime-mask kinds on the plan's variants
+    (gen.source, None, 0, dict(schedule="queue", section_bytes=16 << 20, runtime="ids")),
+    (gen.source, None, None, dict(block_n=176, schedule="queue", runtime="ids", dtype="float16")),
+    (gen.source, 255, 0, dict(schedule="strided", runtime="lengths")),
+    (gen.source, 100, 100, dict(runtime="ids")),
+    (bwd.bwd_source, None, 0, dict(runtime="ids")),
+    (bwd.bwd_source, None, None, dict(runtime="lengths")),
+    (bwd.bwd_source, 255, 0, dict(runtime="ids", dtype="float16", ordered=False)),
+]
+
+
+@pytest.mark.parametrize("variant", RUNTIME_VARIANTS, ids=lambda v: f"{v[0].__name__},{_variant_id(v[1:])}")
+def test_runtime_variants_compile_and_take_their_arrays(cuda_compiler, variant):
+    """Each runtime kind adds its arrays to the signature after ``tmap_templates``. Spills stay
+    bounded: the forward's producer lane holds the tile runs in 24 registers (up to 20 bytes);
+    the backward's ids path spills a few registers in its step too (NOTES.md, session 13)."""
+    make, left, right, kwargs = variant
+    text = make(left, right, **kwargs)
+    names = gen.FWD_RUNTIME_ARRAYS if make is gen.source else bwd.BWD_RUNTIME_ARRAYS
+    given = gen.runtime_arrays(kwargs["runtime"], names)
+    start = text.index("__restrict__ tmap_templates,")
+    signature = text[start:text.index("int Sq", start)]
+    assert [n for n in names if f"__restrict__ {n}," in signature] == list(given)
+    image, log = cuda_compiler.compile(text, verbose=True)
+    assert image[:4] == b"\x7fELF" and "warning" not in log.lower(), log
+    spills = int(re.search(r"(\d+) bytes spill stores", log).group(1))
+    assert spills <= (32 if make is gen.source else 256), log
+
+
 def test_backward_shared_memory_and_names():
     assert bwd.smem_bytes(2) <= gen.SMEM_LIMIT < bwd.smem_bytes(3)
     a, b = (bwd.with_unique_name(bwd.bwd_source(None, 0, ordered=o)) for o in (True, False))
@@ -239,7 +270,8 @@ def test_dq_from_acc_inverts_the_kernels_fragment_order():
 
 
 @pytest.mark.parametrize("kwargs, name", [(dict(stages=0), "stages"), (dict(dtype="float32"), "dtype"),
-                                          (dict(left=1.5), "left"), (dict(right=True), "right")])
+                                          (dict(left=1.5), "left"), (dict(right=True), "right"),
+                                          (dict(runtime="segments"), "runtime")])
 def test_backward_bad_arguments_are_named(kwargs, name):
     args = dict(left=None, right=0) | kwargs
     with pytest.raises(ValueError, match=name):

@@ -801,7 +801,7 @@ def source(left: int | None, right: int | None, *, stages: int = 2, overlap: boo
     runtime mask the kernel ANDs with the band: ``"lengths"``, padding (queries at or past
     ``q_len`` get ``out = 0``, ``lse = -inf``; keys at or past ``kv_len`` are never seen);
     ``"ids"``, padding and segment ids (a query sees a key of its own id), with the key range of
-    each row block from ``rt_ranges`` (:func:`jax_bindings._cuda.runtime_tables.fwd_ranges`).
+    each row block from ``rt_ranges`` (:func:`jax_bindings._cuda.runtime_tables.fwd_arrays`).
     ``proxy_fence``: the consumers' generic -> async proxy fence after each wait (needed for
     cp.async; default on for it only). ``block_n``:
     keys per tile (the wgmma N of ``Q K^T``). V's MN-major descriptor has the 64-column block
