@@ -23,7 +23,7 @@ rt_last        ``[B, nq]``     backward: per query block of ``bwd_source.BM`` ro
 =============  ==============  ===============================================================
 
 Where ``exact[b]`` is set (both id arrays non-decreasing: packed documents) the runs come from
-binary searches of the other side's ids at each block's first and last element, so the kernels
+counting the other side's ids below each block's first and last id (:func:`_runs`), so the kernels
 skip the tiles outside a block's documents. Elsewhere a block may see anything (``[0, S)``, no
 tile id-free): any ids are exact, sorted ones fast. The kernels apply the lengths themselves.
 
