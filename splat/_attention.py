@@ -154,7 +154,8 @@ def attention(
         fast case (kernels skip tiles outside a row's document).
       kv_segment_ids: int ``[B, Skv]``; default ``segment_ids`` (then
         ``Sq == Skv``). A key padding mask ``valid [B, Skv]`` is
-        ``segment_ids=zeros([B, Sq]), kv_segment_ids=where(valid, 0, -1)``.
+        ``segment_ids=zeros([B, Sq]), kv_segment_ids=where(valid, 0, 1)``
+        (sorted where the padding is at the end: the fast case).
       query_seq_lengths: int ``[B]``: query rows at or past the length are
         padding and output 0. Clipped to ``[0, Sq]``.
       key_value_seq_lengths: int ``[B]``: keys at or past the length are never

@@ -235,3 +235,24 @@ def test_unsupported_attention_names_the_reason(fn, args, reason):
     with pytest.warns(SparsifyWarning, match="running the original dense function"):
         out = sf(*a)
     np.testing.assert_allclose(np.asarray(out), np.asarray(fn(*a)), rtol=1e-6)
+
+
+def test_padding_ids_sit_above_every_id_so_right_padding_stays_sorted():
+    """Sorted ids are the kernels' fast case: right padding (ids then padding) must keep them sorted,
+    and padded queries and keys must match nothing."""
+    from splat._sparsify import runtime as rt_ops
+
+    valid = jnp.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], bool)
+    seg = jnp.array([[0, 0, 4, 4, 4], [0, 1, 1, 2, 2]], jnp.int32)
+    sizes = {"b": 2, "t": 5, "s": 5}
+    alone = rt_ops.Runtime(kv_valid=((0, ("b", "s"), False),))
+    both = rt_ops.Runtime(kv_valid=((0, ("b", "s"), False),), q_valid=((1, ("b", "t"), False),),
+                          ids=((2, ("b", "t")), (3, ("b", "s"))))
+    for rt, vals in ((alone, [valid]), (both, [valid, valid, seg, seg])):
+        q, kv = (np.asarray(x) for x in rt_ops.segment_arrays(rt, vals, ["b"], "t", "s", sizes))
+        assert (np.diff(q, axis=1) >= 0).all() and (np.diff(kv, axis=1) >= 0).all(), (q, kv)
+        sees = q[:, :, None] == kv[:, None, :]
+        ok, ids = np.asarray(valid), np.asarray(seg)
+        same = ok[:, :, None] & (ids[:, :, None] == ids[:, None, :])
+        want = ok[:, None, :] & (True if rt.ids is None else same)
+        assert np.array_equal(sees, np.broadcast_to(want, sees.shape)), (q, kv)

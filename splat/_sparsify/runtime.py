@@ -6,7 +6,7 @@ axes; see :mod:`splat._sparsify.labels`). Leaves that depend only on literals, c
 stay static mask terms. The others must be one of:
 
 - a key padding mask: varies only along batch and key axes (``input_mask[:, None, :]``, any
-  boolean or integer ``[B, 1, S]`` / ``[B, S]`` broadcast) -> ``kv_segment_ids = where(valid, 0, -1)``;
+  boolean or integer ``[B, 1, S]`` / ``[B, S]`` broadcast) -> ``kv_segment_ids = where(valid, 0, 2)``;
 - a query padding mask: varies only along batch and query axes (its rows are left with no key;
   see ``empty_rows``);
 - equality of two id arrays, one varying along the query axis and one along the key axis
@@ -16,7 +16,9 @@ Anything else (a comparison of input-dependent positions, a mask varying across 
 raises :class:`NotSparsifiable` naming the operation. :func:`segment_arrays` combines the leaves
 at run time into one ``(segment_ids [B, Sq], kv_segment_ids [B, Skv])`` pair (int32): ids alone
 are passed unchanged; with padding too they are doubled and padding gets odd ids, so ids that
-differ by a multiple of 2**31 would collide (documented, not expected of real ids).
+differ by a multiple of 2**31 would collide (documented, not expected of real ids). Padding ids
+sit above every id, so that padding at the end (right-padded batches, a cache's unfilled
+tail) keeps sorted ids sorted: the kernels' fast case.
 """
 
 from __future__ import annotations
@@ -247,11 +249,12 @@ def segment_arrays(rt: Runtime, vals: Sequence, batch: Sequence, t, kv, sizes: d
         kv_ids = _gather(next(it), kv_lab, list(batch) + [kv], sizes).astype(jnp.int32)
         if kv_ok is None and q_ok is None:
             return q_ids, kv_ids
-        q_ids, kv_ids = 2 * q_ids, 2 * kv_ids  # even: ids; odd: padding (1 query, 3 key)
-        pad_q, pad_kv = 1, 3
+        q_ids, kv_ids = 2 * q_ids, 2 * kv_ids  # even: ids; odd, above them all: padding
+        top = jnp.maximum(q_ids.max(), kv_ids.max())
+        pad_q, pad_kv = top + 1, top + 3
     else:
         q_ids, kv_ids = jnp.zeros((b, sizes[t]), jnp.int32), jnp.zeros((b, sizes[kv]), jnp.int32)
-        pad_q, pad_kv = -2, -1
+        pad_q, pad_kv = 1, 2
     if q_ok is not None:
         q_ids = jnp.where(q_ok, q_ids, pad_q)
     if kv_ok is not None:
