@@ -8,6 +8,7 @@ ordered dQ addition's turns depend on it).
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -17,14 +18,16 @@ from jax_bindings import _runtime
 from jax_bindings._cuda import bwd_source, runtime_tables, source
 
 
-def _runtime_mask(ids, kv_ids=None, qlen=None, kvlen=None):
+@jax.jit
+def _runtime_mask(ids, kv_ids=None):
     b, sq = ids.shape
     skv = sq if kv_ids is None else kv_ids.shape[1]
-    return _runtime.build(
-        b, sq, skv, segment_ids=jnp.asarray(ids),
-        kv_segment_ids=None if kv_ids is None else jnp.asarray(kv_ids),
-        query_seq_lengths=None if qlen is None else jnp.asarray(qlen),
-        key_value_seq_lengths=None if kvlen is None else jnp.asarray(kvlen))
+    return _runtime.build(b, sq, skv, segment_ids=ids, kv_segment_ids=kv_ids)
+
+
+# jitted: one compile per shape rather than one per operation
+_fwd_arrays = jax.jit(runtime_tables.fwd_arrays, static_argnums=1)
+_bwd_arrays = jax.jit(runtime_tables.bwd_arrays)
 
 
 def _check_runs(ranges, seen, block):
@@ -58,12 +61,12 @@ def test_runs_hold_every_seen_key_and_id_free_runs_are_seen(rng, case):
     rt = _runtime_mask(ids, kv_ids)
     kv = ids if kv_ids is None else kv_ids
     seen = ids[:, :, None] == kv[:, None, :]
-    lens, qi, ki, fwd = runtime_tables.fwd_arrays(rt, 176)
+    lens, qi, ki, fwd = _fwd_arrays(rt, 176)
     assert fwd.shape == (ids.shape[0], -(-ids.shape[1] // source.BM), 4) and fwd.dtype == jnp.int32
     assert np.array_equal(np.asarray(qi), ids)
     assert ki.shape[1] % 176 == 0 and np.array_equal(np.asarray(ki)[:, :kv.shape[1]], kv)
     _check_runs(fwd, seen, source.BM)
-    _, qi, _, bwd, last = runtime_tables.bwd_arrays(rt)
+    _, qi, _, bwd, last = _bwd_arrays(rt)
     assert qi.shape[1] % bwd_source.BM == 0 and np.array_equal(np.asarray(qi)[:, :ids.shape[1]], ids)
     assert bwd.shape == (ids.shape[0], -(-kv.shape[1] // bwd_source.BN), 4)
     _check_runs(bwd, seen.transpose(0, 2, 1), bwd_source.BN)
@@ -79,7 +82,7 @@ def test_runs_hold_every_seen_key_and_id_free_runs_are_seen(rng, case):
 def test_key_blocks_covering_a_query_block_are_consecutive(rng, case):
     ids, kv_ids = CASES[case](rng)
     rt = _runtime_mask(ids, kv_ids)
-    _, _, _, ranges, last = runtime_tables.bwd_arrays(rt)
+    _, _, _, ranges, last = _bwd_arrays(rt)
     ranges, last = np.asarray(ranges), np.asarray(last)
     bm, nq = bwd_source.BM, bwd_source.num_q_blocks(ids.shape[1])
     assert last.shape == (ids.shape[0], nq)
