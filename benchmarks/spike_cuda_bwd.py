@@ -24,17 +24,12 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
-from cuda_spike_cases import MASKS, SCALE, D, H  # beside this script
+from cuda_spike_cases import MASKS, SCALE, D, H, chained_ms  # beside this script
 
 from jax_bindings._cuda import backend as cb
 from jax_bindings._cuda import plan
 from jax_bindings._triton import backend as tb
-from splat.tools import peers, timing
-
-
-def _ms(fn, args, feed, n=10) -> float:
-    _, launch, sync = timing.compile_timed(fn, args, n, feed)
-    return timing.time_call(None, 2, 5, launch=launch, sync=sync, per_sample=n, calls_per_launch=n)["ms"]
+from splat.tools import peers
 
 
 def _bwd_cuda(layout, ordered: bool = True):
@@ -119,7 +114,7 @@ def main(argv=None) -> int:
                 pairs = zip(g, grads["cuda"], strict=True)
                 row[f"{n}_bwd_max_diff"] = max(float(np.abs(x - y).max()) for x, y in pairs)
             for n, f in bwds.items():
-                ms = _ms(f, (do, q, k, v, out, lse), {0: 0})
+                ms = chained_ms(f, (do, q, k, v, out, lse), {0: 0})
                 row[f"{n}_bwd_ms"], row[f"{n}_bwd_tflops"] = ms, 2.5 * fwd_flops / ms * 1e-9
             fb = {
                 "cuda": _fwd_bwd(_cuda_fwd_then(layout, bwds["cuda"])),
@@ -130,7 +125,7 @@ def main(argv=None) -> int:
                 kw = peers.flash_attn3_arguments(layout)
                 fb["fa3"] = _fwd_bwd(lambda q, k, v, kw=kw: fa3(q, k, v, softmax_scale=SCALE, **kw))
             for n, f in fb.items():
-                ms = _ms(f, (q, k, v, do), {0: 0, 3: 1})
+                ms = chained_ms(f, (q, k, v, do), {0: 0, 3: 1})
                 row[f"{n}_fwdbwd_ms"], row[f"{n}_fwdbwd_tflops"] = ms, 3.5 * fwd_flops / ms * 1e-9
             if "fa3_fwdbwd_ms" in row:
                 row["cuda_fwdbwd_x_fa3"] = row["fa3_fwdbwd_ms"] / row["cuda_fwdbwd_ms"]

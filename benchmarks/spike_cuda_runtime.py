@@ -24,20 +24,13 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
-from cuda_spike_cases import SCALE, D, H  # beside this script
+from cuda_spike_cases import SCALE, D, H, chained_ms  # beside this script
 
 from jax_bindings import _runtime
 from jax_bindings._cuda import backend as cb
 from jax_bindings._cuda import bwd_source, compiler, plan, runtime_tables, source
 from splat import masks
-from splat.tools import timing
 from splat.tools.bench_runtime import doc_causal_nnz, pack_documents
-
-
-def _ms(fn, args, feed, n=10) -> float:
-    _, launch, sync = timing.compile_timed(fn, args, n, feed)
-    return timing.time_call(None, 2, 5, launch=launch, sync=sync, per_sample=n, calls_per_launch=n)["ms"]
-
 
 # the per-element id test of each kernel, and what the no_id_test experiment makes of it
 _ID_TESTS = {plan.FwdVariant: ("if (RT == 2) ok &=", "if (RT == 2) ok &= true ||"),
@@ -101,7 +94,7 @@ def main(argv=None) -> int:
         total = sum(x.sum() for x in arrays)
         return jnp.minimum(ids, ids + (total >= -1))
 
-    row["tables_ms"] = _ms(tables, (jnp.asarray(ids),), {0: 0})
+    row["tables_ms"] = chained_ms(tables, (jnp.asarray(ids),), {0: 0})
     one = _runtime.build(B, S, S, segment_ids=jnp.zeros((B, S), jnp.int32))
     flops["one_document"], flops["no_id_test"] = flops["causal"], flops["documents"]
     runs = (("documents", runtime, False, True), ("causal", None, False, True),
@@ -110,11 +103,11 @@ def main(argv=None) -> int:
         kind = runtime_tables.kind(rt)
         fwd = _fwd(layout, kind, cut)
         out, lse = fwd(q, k, v, rt)
-        ms = _ms(fwd, (q, k, v, rt), {0: 0})
+        ms = chained_ms(fwd, (q, k, v, rt), {0: 0})
         row[f"{name}_fwd_ms"], row[f"{name}_fwd_tflops"] = ms, flops[name] / ms * 1e-9
         for ordered in (True, False) if unordered else (True,):
             tag = f"{name}_bwd" + ("" if ordered else "_unordered")
-            ms = _ms(_bwd(layout, kind, ordered, cut), (do, q, k, v, out, lse, rt), {0: 0})
+            ms = chained_ms(_bwd(layout, kind, ordered, cut), (do, q, k, v, out, lse, rt), {0: 0})
             row[f"{tag}_ms"], row[f"{tag}_tflops"] = ms, 2.5 * flops[name] / ms * 1e-9
     shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}
     print(json.dumps(shown, indent=1), flush=True)

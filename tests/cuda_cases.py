@@ -45,7 +45,7 @@ RUNTIME_CASES = [
     ("document_causal", 700, 700, None, 0, 4, 2, 2, lambda rng: {"ids": packed_ids(rng, 2, 700, 300)}),
     ("tiny_documents_dense", 300, 300, None, None, 2, 2, 2, lambda rng: {"ids": packed_ids(rng, 2, 300, 5)}),
     ("document_window", 600, 600, 255, 0, 4, 1, 2, lambda rng: {"ids": packed_ids(rng, 2, 600, 200)}),
-    # batch row 0 sorted (ids tested by position), row 1 not (ids loaded)
+    # batch row 0 sorted (walks cut to its documents), row 1 not (every tile compares ids)
     ("mixed_sortedness_causal", 385, 385, None, 0, 2, 2, 2,
      lambda rng: {"ids": np.stack([packed_ids(rng, 1, 385, 90)[0],
                                    rng.integers(0, 4, size=385)]).astype(np.int32)}),

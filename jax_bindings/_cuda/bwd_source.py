@@ -189,10 +189,10 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   // covers (so that the key blocks adding to a query block's dQ are consecutive, as the
   // ordered addition's turns need): the band's, the lengths' (none past kv_end, none at or
   // past q_end) and the segment ids' (rt_ranges, in rows).
-  // q_end, kv_end: the batch row's lengths; rows [in_lo, in_hi) see every key of the block as
-  // far as segment ids go (their blocks skip the id test).
+  // kv_end: the batch row's key length; rows [in_lo, in_hi) see every key of the block as far
+  // as segment ids go (their blocks skip the id test).
   struct Item {
-    int j, hk, b, n0, i_lo, n_i, n_steps, q_end, kv_end, in_lo, in_hi;
+    int j, hk, b, n0, i_lo, n_i, n_steps, kv_end, in_lo, in_hi;
   };
   auto item_of = [&](int ticket) {
     Item it;
@@ -204,12 +204,11 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     if (RIGHT < __UNBOUNDED__) lo = max(lo, it.n0 - RIGHT);
     if (LEFT < __UNBOUNDED__) hi = min(hi, it.n0 + BN - 1 + LEFT);
     int i_lo = lo / BM, i_hi = lo <= hi ? hi / BM : -1;
-    const int2 len = batch_lengths(rt_lens, it.b, Sq, Skv);
-    it.q_end = len.x;
+    const int2 len = batch_lengths(rt_lens, it.b, Sq, Skv);  // (q_end, kv_end)
     it.kv_end = len.y;
     it.in_lo = 0;
     it.in_hi = Sq;
-    if (RT >= 1) i_hi = it.n0 < it.kv_end && it.q_end > 0 ? min(i_hi, (it.q_end - 1) / BM) : -1;
+    if (RT >= 1) i_hi = it.n0 < it.kv_end && len.x > 0 ? min(i_hi, (len.x - 1) / BM) : -1;
     if (RT == 2) {
       // rows [x, y) see a key of the block; blocks x / BM .. max(x, y - 1) / BM (never none)
       const int4 t = reinterpret_cast<const int4*>(rt_ranges)[(size_t)it.b * nkv + it.j];
@@ -503,7 +502,7 @@ def bwd_source(left: int | None, right: int | None, *, stages: int = 2, dtype: s
     reruns) rather than as it comes (see the module docstring). ``runtime``
     (:data:`source.RUNTIMES`): the runtime mask ANDed with the band, as in the forward; its
     arrays (:data:`BWD_RUNTIME_ARRAYS`, the ids' ranges from
-    :func:`jax_bindings._cuda.runtime_tables.bwd_ranges`) follow ``tmap_templates``.
+    :func:`jax_bindings._cuda.runtime_tables.bwd_arrays`) follow ``tmap_templates``.
     """
     source.check_arguments(left, right, stages, dtype)
     subs = {
