@@ -83,6 +83,18 @@ class GridAxis:
         d = self.dilation
         return (off >= 0) & (off % d == 0) & (off < d * self.count[:, None].astype(np.int64))
 
+    def box(self, queries) -> tuple[int, int]:
+        """``(first, count)``: the progression of step ``dilation`` from ``first`` that covers
+        every key the query coordinates ``queries`` see (all on one window phase); ``(0, 0)``
+        where they see none."""
+        q = np.asarray(queries, np.int64)
+        live = q[self.count[q] > 0]
+        if not live.size:
+            return 0, 0
+        lo = int(self.first[live].min())
+        hi = int(self.end()[live].max())
+        return lo, (hi - lo + self.dilation - 1) // self.dilation
+
     @property
     def is_full(self) -> bool:
         """Every query coordinate sees the whole axis."""

@@ -10,7 +10,8 @@ the backward with dQ added in order and in arrival order; each compiled as the b
 runs under the sanitizer. Each output is checked against a float32 NumPy reference, and so is
 every row's ``lse``; fully masked rows must give 0 and ``-inf``, and zero gradients. Then the
 runtime-mask variants (lengths, segment ids) on ``tests/cuda_cases.RUNTIME_CASES``, forward and
-backward, their arrays built by ``jax_bindings._cuda.runtime_tables`` with JAX on the CPU.
+backward, their arrays built by ``jax_bindings._cuda.runtime_tables`` with JAX on the CPU; and
+the grid forward (N-D neighborhoods) on ``tests/cuda_cases.GRID_CASES``.
 
     compute-sanitizer --tool memcheck --error-exitcode 9 python3 benchmarks/sanitize_cuda.py
 """
@@ -31,11 +32,12 @@ import ml_dtypes
 import numpy as np
 
 sys.path.insert(0, "tests")
-from cuda_cases import CASES, RUNTIME_CASES, band_layout  # noqa: E402
+from cuda_cases import CASES, GRID_CASES, RUNTIME_CASES, band_layout  # noqa: E402
 from runtime_masks import build_arguments, runtime_dense  # noqa: E402
 
 from jax_bindings import _runtime  # noqa: E402
-from jax_bindings._cuda import bwd_source, plan, runtime_tables, source  # noqa: E402
+from jax_bindings._cuda import bwd_source, grid_tiles, plan, runtime_tables, source  # noqa: E402
+from splat import masks  # noqa: E402
 
 NP = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 # (forward schedule, CTAs of a persistent one: None for one per SM, else at most that many; on 5,
@@ -115,12 +117,17 @@ def launch_bwd(variant, q, k, v, out, lse, do, scale, rt_arrays=()):
 
 def launch(variant, q, k, v, scale, ctas=None, rt_arrays=()):
     """``(out, lse)`` of the forward kernel; a persistent schedule on at most ``ctas`` CTAs (None:
-    one per SM); ``rt_arrays``: the runtime mask's (``runtime_tables.fwd_arrays``)."""
+    one per SM); ``rt_arrays``: the runtime mask's (``runtime_tables.fwd_arrays``), or a grid
+    variant's tables."""
     fn = _kernel(variant)
     B, Sq, H, D = q.shape
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
-    grid = plan.grid(q.shape, variant.schedule, sms if ctas is None else ctas)
-    tmpl = plan.tensor_maps(variant.block_n, q.shape, k.shape, v.shape)
+    if isinstance(variant, plan.GridFwdVariant):
+        grid = plan.grid(q.shape, variant.schedule, sms if ctas is None else ctas, variant.tiles.n_patches)
+        tmpl = plan.grid_tensor_maps(variant.tiles, q.shape, k.shape, v.shape)
+    else:
+        grid = plan.grid(q.shape, variant.schedule, sms if ctas is None else ctas)
+        tmpl = plan.tensor_maps(variant.block_n, q.shape, k.shape, v.shape)
     dq, dk, dv = (cp.asarray(x) for x in (q, k, v))
     maps = cp.asarray(np.frombuffer(tmpl, np.uint8))
     out = cp.full(q.shape, np.nan, dtype=q.dtype)
@@ -174,6 +181,7 @@ def main() -> int:
                     assert np.all(got[0][:, empty] == 0), f"{name}: a row with no key must get dq 0"
                     print(f"{name:22s} {dtype:9s} bwd ordered={ordered!s:5s} ok (rel. {max(errs):.1e})")
     launched += run_runtime_cases()
+    launched += run_grid_cases()
     print(f"{launched} launches of {launched} cuda kernel variants")
     return 0
 
@@ -216,6 +224,33 @@ def run_runtime_cases() -> int:
         assert max(errs) < 3e-2, f"{name}: gradients differ by {errs}"
         assert not got[0][empty].any(), f"{name}: a row that sees nothing must get dq 0"
         print(f"{name:22s} runtime {kind:7s} bwd ok (rel. {max(errs):.1e})")
+    return launched
+
+
+def run_grid_cases() -> int:
+    """The grid forward (N-D neighborhoods) on every ``GRID_CASES`` case, in both dtypes, on one
+    CTA per SM and on 5 (several patches each); returns the launches."""
+    launched = 0
+    for dtype, (grid, kernel, kw, h, hk) in itertools.product(NP, GRID_CASES):
+        layout = masks.neighborhood(grid, kernel, **kw).to_acsr()
+        variant = plan.fwd_variant(layout, 128, dtype)
+        tables = grid_tiles.grid_plan(layout.grid).tables
+        rng = np.random.default_rng(sum(grid))
+        s = layout.q_len
+        q = rng.standard_normal((2, s, h, 128)).astype(NP[dtype])
+        k, v = (rng.standard_normal((2, s, hk, 128)).astype(NP[dtype]) for _ in range(2))
+        scale = 128**-0.5
+        mask = layout.to_dense()
+        ref_out, ref_lse = reference(q, k, v, mask, scale)
+        for ctas in (None, 5):
+            out, lse = launch(variant, q, k, v, scale, ctas, (tables,))
+            launched += 1
+            err = np.abs(out.astype(np.float32) - ref_out).max()
+            assert np.isfinite(out.astype(np.float32)).all(), f"grid {grid} {kernel} {kw}: non-finite out"
+            assert err < 3e-2, f"grid {grid} {kernel} {kw} {dtype}: out differs by {err:.3g}"
+            lerr = np.abs(lse - ref_lse).max()
+            assert lerr < 2e-2, f"grid {grid} {kernel} {kw} {dtype}: lse differs by {lerr:.3g}"
+            print(f"grid {grid!s:14s} k{kernel!s:10s} {kw!s:40s} {dtype:9s} ctas={ctas} ok (out {err:.1e})")
     return launched
 
 

@@ -169,7 +169,8 @@ def attention(
         (Gemma 2).
       backend: one of ``jax_bindings.BACKENDS``: ``"auto"`` (the fastest
         backend here that takes the call: the generated CUDA kernels (Hopper,
-        one-band masks, with or without segment ids and lengths), cuDNN or
+        one-band masks, with or without segment ids and lengths, and the
+        forward of N-D neighborhoods), cuDNN or
         Triton on a CUDA GPU, else pure JAX; ``jax_bindings.selected_backend``
         says which), or a backend by name (``"cuda"``, ``"triton"``,
         ``"cudnn"``, ``"jax"``), which raises rather than fall back when it

@@ -58,3 +58,17 @@ RUNTIME_CASES = [
      lambda rng: {"ids": packed_ids(rng, 3, 515, 150), "qlen": np.array([515, 300, 2], np.int32),
                   "kvlen": np.array([400, 515, 515], np.int32)}),
 ]
+
+# (grid, kernel_size, keywords, heads, kv heads)
+GRID_CASES = [  # the cuda grid forward's cases (N-D neighborhoods)
+    ((16, 20), (7, 5), {}, 4, 2),
+    ((20, 24), (17, 19), {}, 2, 2),  # tiles inside every window
+    ((24, 24), 7, {"dilation": 2}, 2, 1),
+    ((12, 11), (5, 3), {"dilation": (2, 3)}, 2, 2),  # 3 does not divide 11
+    ((9, 11), (5, 3), {"stride": (2, 3)}, 2, 2),
+    ((7, 9), (6, 4), {}, 2, 2),  # even kernels
+    ((6, 12, 12), (3, 5, 5), {"is_causal": (True, False, False)}, 4, 1),
+    ((3, 6, 6), (2, 3, 3), {"dilation": (1, 2, 1), "stride": (1, 1, 2)}, 2, 2),
+    ((40, 48), 15, {}, 2, 2),
+    ((32, 40), 31, {}, 2, 1),
+]

@@ -6,6 +6,8 @@
 * :mod:`~jax_bindings._cuda.tensor_map`: the TMA descriptors' host-side templates;
 * :mod:`~jax_bindings._cuda.launch`: the JAX primitive that launches a cubin through jaxlib's
   kernel call;
+* :mod:`~jax_bindings._cuda.grid_tiles`: the forward's spatial tiles and tables on grid
+  layouts (N-D neighborhoods);
 * :mod:`~jax_bindings._cuda.runtime_tables`: a runtime mask (lengths, segment ids) as the
   kernels read it, built in JAX;
 * :mod:`~jax_bindings._cuda.backend`: the backend contract (imports only where a Hopper GPU,

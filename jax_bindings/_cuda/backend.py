@@ -10,7 +10,9 @@ masks of lengths and segment ids are taken (:mod:`jax_bindings._cuda.runtime_tab
 backward (:mod:`jax_bindings._cuda.bwd_source`, through :func:`run_backward`) is offered on the
 bands :func:`~jax_bindings._cuda.plan.offered_bwd_variant` names (dense, causal, windows of
 640 rows and more with a key block); the backward of a narrower window's forward run here goes
-to the next backend (``out`` and ``lse`` mean the same from every backend).
+to the next backend (``out`` and ``lse`` mean the same from every backend). Grid layouts (N-D
+neighborhoods, :mod:`acsr._grid`) run on the forward's spatial tiles
+(:mod:`jax_bindings._cuda.grid_tiles`); their backward goes to the next backend.
 
 Per call, at trace time: the band and the shapes pick a :class:`~jax_bindings._cuda.plan.FwdVariant`
 (:mod:`jax_bindings._cuda.plan`); its source
@@ -31,7 +33,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from acsr import ACSR
-from jax_bindings._cuda import bwd_source, compiler, launch, plan, runtime_tables, source, tensor_map
+from jax_bindings._cuda import (
+    bwd_source,
+    compiler,
+    grid_tiles,
+    launch,
+    plan,
+    runtime_tables,
+    source,
+    tensor_map,
+)
 
 
 def _why_not_here() -> str | None:
@@ -88,8 +99,9 @@ def run_forward(name: str, image: bytes, grid: tuple[int, int, int], smem: int, 
     (:func:`~jax_bindings._cuda.plan.grid` of the kernel's schedule) with ``smem`` bytes of shared
     memory and the tensor-map templates ``maps`` (the kernel signature of
     :mod:`jax_bindings._cuda.source`; its ticket counter ``sem`` zeroed, whatever the schedule);
-    ``rt_arrays``: the runtime mask's arrays the kernel takes
-    (:func:`~jax_bindings._cuda.runtime_tables.fwd_arrays`)."""
+    ``rt_arrays``: the arrays the kernel takes after the templates: the runtime mask's
+    (:func:`~jax_bindings._cuda.runtime_tables.fwd_arrays`), or a grid layout's tables
+    (:func:`~jax_bindings._cuda.grid_tiles.grid_plan`)."""
     B, Sq, H, D = q.shape
     n_ctas = _ctas(grid, source.SLOT_BYTES)
     spec = launch.Launch(
@@ -110,9 +122,26 @@ def run_forward(name: str, image: bytes, grid: tuple[int, int, int], smem: int, 
     return out, lse
 
 
+# Grid layouts (N-D neighborhoods) reach both fused ops as they are: the forward runs them on
+# spatial tiles (grid_tiles); the backward refuses them by name, so it goes to the next backend.
+GRID_OPS = ("attention_fwd", "attention_bwd")
+
+
+def _grid_forward(q, k, v, layout: ACSR, scale: float, rt: str):
+    variant = plan.grid_fwd_variant(layout, q.shape[-1], jnp.dtype(q.dtype).name, rt)
+    name, image = plan.compiled(variant)
+    tiles = variant.tiles
+    grid = plan.grid(q.shape, variant.schedule, _sm_count(), tiles.n_patches)
+    maps = plan.grid_tensor_maps(tiles, q.shape, k.shape, v.shape)
+    tables = jnp.asarray(grid_tiles.grid_plan(layout.grid).tables)
+    return run_forward(name, image, grid, variant.smem, maps, q, k, v, scale, (tables,))
+
+
 def attention_fwd(q, k, v, runtime, layout: ACSR, scale: float, soft_cap=None):
     """``(out [B, Sq, H, D], lse [B, H, Sq] float32)`` from the generated forward kernel."""
     rt = _runtime_kind(runtime, soft_cap)
+    if layout.grid is not None:
+        return _grid_forward(q, k, v, layout, scale, rt)
     variant = plan.fwd_variant(layout, q.shape[-1], jnp.dtype(q.dtype).name, rt)
     name, image = plan.compiled(variant)
     grid = plan.grid(q.shape, variant.schedule, _sm_count())

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import acsr
 from acsr import ACSR
-from jax_bindings._cuda import bwd_source, compiler, source, tensor_map
+from jax_bindings._cuda import bwd_source, compiler, grid_tiles, source, tensor_map
 
 HEAD_DIMS = (source.D,)
 DTYPES = tuple(source.ELEMENTS)
@@ -63,6 +63,27 @@ class FwdVariant:
 
 
 @dataclass(frozen=True)
+class GridFwdVariant:
+    """The forward kernel on a grid layout's spatial tiles (:mod:`jax_bindings._cuda.grid_tiles`):
+    the tiles baked in, the K/V ring depth and the schedule (``"strided"``: every patch walks
+    about as far)."""
+
+    tiles: grid_tiles.GridTiles
+    dtype: str
+    stages: int = 2
+    schedule: str = "strided"
+
+    def named_source(self) -> tuple[str, str]:
+        return source.with_unique_name(source.source(
+            None, None, stages=self.stages, block_n=self.tiles.block_n, dtype=self.dtype,
+            schedule=self.schedule, grid=self.tiles))
+
+    @property
+    def smem(self) -> int:
+        return source.smem_bytes(self.stages, self.tiles.block_n)
+
+
+@dataclass(frozen=True)
 class BwdVariant:
     """One generated backward kernel (:mod:`jax_bindings._cuda.bwd_source`): the band baked in,
     the Q/dO ring depth, whether dQ is added in a fixed order (bit-identical reruns), and the
@@ -84,12 +105,18 @@ class BwdVariant:
         return bwd_source.smem_bytes(self.stages)
 
 
-def _band(layout: ACSR, head_dim: int, dtype: str) -> acsr.Band:
-    """The layout's band, or NotImplementedError saying why no kernel is generated for the call."""
+def _check_call(head_dim: int, dtype: str) -> None:
     if head_dim not in HEAD_DIMS:
         raise NotImplementedError(f"the cuda kernels take head dim {HEAD_DIMS}, got {head_dim}")
     if dtype not in DTYPES:
         raise NotImplementedError(f"the cuda kernels take dtypes {DTYPES}, got {dtype}")
+
+
+def _band(layout: ACSR, head_dim: int, dtype: str) -> acsr.Band:
+    """The layout's band, or NotImplementedError saying why no kernel is generated for the call."""
+    _check_call(head_dim, dtype)
+    if layout.grid is not None:
+        raise NotImplementedError("the cuda backward takes no grid layout (the spatial-tile forward only)")
     band = acsr.band(layout)
     if band is None:
         family = acsr.pattern_family(layout)
@@ -134,9 +161,20 @@ def offered_bwd_variant(layout: ACSR, head_dim: int, dtype: str, runtime: str = 
 QUEUE_SECTION_BYTES = 16 << 20
 
 
-def fwd_variant(layout: ACSR, head_dim: int, dtype: str, runtime: str = "") -> FwdVariant:
+def grid_fwd_variant(layout: ACSR, head_dim: int, dtype: str, runtime: str = "") -> GridFwdVariant:
+    """The forward kernel on the grid layout ``layout``, or NotImplementedError saying why none
+    is generated (a runtime mask, or geometry :func:`grid_tiles.supported` refuses)."""
+    _check_call(head_dim, dtype)
+    if runtime:
+        raise NotImplementedError("the cuda grid forward takes no runtime mask")
+    return GridFwdVariant(grid_tiles.grid_plan(layout.grid).tiles, dtype)
+
+
+def fwd_variant(layout: ACSR, head_dim: int, dtype: str, runtime: str = "") -> FwdVariant | GridFwdVariant:
     """The forward kernel for this call (``runtime``: the runtime mask's kind), or
     NotImplementedError saying why none is generated."""
+    if layout.grid is not None:
+        return grid_fwd_variant(layout, head_dim, dtype, runtime)
     band = _band(layout, head_dim, dtype)
     if band.left is None and band.right is None:
         return FwdVariant(band, dtype, block_n=176, schedule="queue", runtime=runtime)
@@ -146,19 +184,22 @@ def fwd_variant(layout: ACSR, head_dim: int, dtype: str, runtime: str = "") -> F
 
 
 @functools.lru_cache(maxsize=64)
-def compiled(variant: FwdVariant | BwdVariant) -> tuple[str, bytes]:
+def compiled(variant: FwdVariant | GridFwdVariant | BwdVariant) -> tuple[str, bytes]:
     """``(kernel name, cubin)`` of ``variant`` (compiled once per process; disk-cached across them)."""
     name, text = variant.named_source()
     return name, compiler.cubin(text)
 
 
-def grid(q_shape: tuple[int, ...], schedule: str, sm_count: int) -> tuple[int, int, int]:
+def grid(q_shape: tuple[int, ...], schedule: str, sm_count: int, row_blocks: int | None = None
+         ) -> tuple[int, int, int]:
     """CTAs of the forward over ``q [B, Sq, H, D]`` for ``schedule``: ``"grid"``, (row blocks,
     heads, batch); ``"strided"`` and ``"queue"``, one per SM (``sm_count``) up to the number of
-    work tiles."""
+    work tiles. ``row_blocks``: work tiles of a (batch, head) (a grid layout's patches), by
+    default ``Sq`` in row blocks."""
     source.check_schedule(schedule)
     B, Sq, H, _ = q_shape
-    row_blocks = -(-Sq // source.BM)
+    if row_blocks is None:
+        row_blocks = -(-Sq // source.BM)
     if schedule != "grid":
         return min(sm_count, row_blocks * H * B), 1, 1
     return row_blocks, H, B
@@ -170,6 +211,15 @@ def tensor_maps(block_n: int, q_shape, k_shape, v_shape) -> bytes:
     return b"".join(
         tensor_map.bshd_template(tuple(shape), rows)
         for shape, rows in ((k_shape, block_n), (v_shape, block_n), (q_shape, source.BM))
+    )
+
+
+def grid_tensor_maps(tiles: grid_tiles.GridTiles, q_shape, k_shape, v_shape) -> bytes:
+    """The K, V and Q tensor-map templates of the grid forward: boxes of a key tile and of a
+    query patch, stepping by the dilations (:func:`tensor_map.grid_template`)."""
+    return b"".join(
+        tensor_map.grid_template(tuple(shape), tiles.grid, box, tiles.dilation)
+        for shape, box in ((k_shape, tiles.k_tile), (v_shape, tiles.k_tile), (q_shape, tiles.q_tile))
     )
 
 

@@ -51,6 +51,13 @@ ANDed with the band: with lengths, a row block of padding walks nothing and padd
 segment ids, a row block walks only the keys of its rows' ids (its run in ``rt_ranges``), the
 producer copies each key tile's ids with its K tile (a stage's K is released after the softmax
 that reads them), and tiles outside the keys every row of the block sees compare ids.
+
+With ``source(grid=)`` a grid layout's spatial tiles replace the band
+(:mod:`jax_bindings._cuda.grid_tiles`): a work tile is a query patch of 128 queries (one 5-D
+TMA box of ``[B, S, H, D]`` seen as ``(D, H, n2, n1, B n0)``, stepping by the dilations), its
+walk the key tiles of the patch's key box (boxes of the same map), each masked from the
+per-axis windows of ``grid_tables`` unless it lies inside every window of the patch; rows
+past the grid are computed and not stored.
 """
 
 from __future__ import annotations
@@ -204,6 +211,14 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const void* tmap, uint
     " [%0], [%1, {%2, %3, %4, %5}], [%6];"
     :: "r"(dst), "l"(tmap), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
 }
+// one box of a 5-D tensor map (coordinates innermost first) into shared memory, completing on bar
+__device__ __forceinline__ void tma_load_5d(uint32_t dst, const void* tmap, uint32_t bar, int c0, int c1,
+                                            int c2, int c3, int c4) {
+  asm volatile(
+    "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+    " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];"
+    :: "r"(dst), "l"(tmap), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(bar) : "memory");
+}
 // A warp publishes the template tensor map `tmpl` with its base address set to `base` in the global
 // slot `slot` (128 bytes), through the shared-memory staging buffer `stage` (128-byte aligned).
 __device__ __forceinline__ void publish_tmap(uint8_t* slot, const uint8_t* tmpl, uint8_t* stage,
@@ -273,6 +288,14 @@ constexpr int LEFT = __LEFT__, RIGHT = __RIGHT__;  // key j seen by row i: i - L
 constexpr bool OVERLAP = __OVERLAP__, PINGPONG = __PINGPONG__;
 constexpr int SCHEDULE = __SCHEDULE__;  // 0: grid, 1: strided, 2: queue
 constexpr int RT = __RT__;  // runtime mask: 0 none, 1 lengths, 2 lengths and segment ids
+// a grid layout's spatial tiles instead of the band (grid_tiles): the grid (3 axes, outermost
+// first), its dilations, the query patch, the key tile, patches per axis, the tables' strides
+constexpr bool GRID = __GRID__;
+constexpr int GN0 = __GN0__, GN1 = __GN1__, GN2 = __GN2__, GD0 = __GD0__, GD1 = __GD1__, GD2 = __GD2__;
+constexpr int QT0 = __QT0__, QT1 = __QT1__, QT2 = __QT2__, KT0 = __KT0__, KT1 = __KT1__, KT2 = __KT2__;
+constexpr int GP0 = __GP0__, GP1 = __GP1__, GP2 = __GP2__, GPMAX = __GPMAX__, GNMAX = __GNMAX__;
+static_assert(!GRID || (QT0 * QT1 * QT2 == BM && KT0 * KT1 * KT2 == BN && KT2 % 8 == 0),
+              "a query patch is a row block, a key tile BN keys with whole 8-column groups on the last axis");
 constexpr bool PERSISTENT = SCHEDULE != 0;  // one CTA per SM looping over work tiles, Q by TMA
 constexpr int FEED = __FEED__;  // 0: cp.async, 1: TMA, 2: none (a timing experiment)
 constexpr bool PROXY_FENCE = __PROXY_FENCE__;
@@ -284,10 +307,11 @@ static_assert(BAR_BYTES >= 8 * (4 * STAGES + 6) + 8, "the mbarriers and tickets 
 extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
     const uint16_t* __restrict__ v, const uint8_t* __restrict__ tmap_templates,
-    __RT_PARAMS__int Sq, int Skv, int H, int Hkv, int B, float scale_log2,
+    __GRID_PARAMS____RT_PARAMS__int Sq, int Skv, int H, int Hkv, int B, float scale_log2,
     uint16_t* __restrict__ out, float* __restrict__ lse, int* __restrict__ sem,
     uint8_t* __restrict__ tmap_slots) {
   __RT_LOCALS__
+  __GRID_LOCALS__
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = (uint8_t*)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   const uint32_t s_q = smem_addr(smem);
@@ -311,7 +335,8 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   const uint32_t s_ticket = q_full + 8 * 6;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int n_row_blocks = (Sq + BM - 1) / BM;
+  // work tiles of a (batch, head): row blocks, or a grid's patches
+  const int n_row_blocks = GRID ? GP0 * GP1 * GP2 : (Sq + BM - 1) / BM;
   // Work tiles are (row block, head, batch), longest walks first. A CTA of the strided schedule
   // takes every gridDim.x-th one, of the queue the one its ticket names; otherwise a CTA owns the
   // one its block index names.
@@ -320,7 +345,14 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
       (int)max(1LL, min((long long)(H * B), __SECTION_BYTES__LL / (4LL * HD * max(Skv, 1))));
   // q_end, kv_end: the batch row's query and key lengths; keys [in_lo, in_hi) are seen by
   // every row of the block as far as segment ids go (tiles inside it skip the id test)
-  struct Work { int h, b, m0, t0, n_tiles, q_end, kv_end, in_lo, in_hi; };
+  // grid: the patch's first query coordinate, its key box's first key and tiles, and the tiles
+  // [lo, hi) inside every window of the patch, per axis (grid_tiles' patch table)
+  struct Work {
+    int h, b, m0, t0, n_tiles, q_end, kv_end, in_lo, in_hi;
+    int gq[3], gfirst[3], gnt[3], glo[3], ghi[3];
+  };
+  const int4* grid_patches = reinterpret_cast<const int4*>(grid_tables);
+  const int2* grid_windows = reinterpret_cast<const int2*>(grid_tables + 3 * GPMAX * 8);
   auto work = [&](int w) {
     Work x;
     int mb;
@@ -346,6 +378,28 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
       x.b = blockIdx.z;
     }
     x.m0 = mb * BM;
+    if (GRID) {
+      // mb is the patch, (p0, p1, p2) on the axes, last fastest
+      const int pa[3] = {mb / (GP1 * GP2), mb / GP2 % GP1, mb % GP2};
+      x.n_tiles = 1;
+#pragma unroll
+      for (int a = 0; a < 3; ++a) {
+        const int4 e = __ldg(grid_patches + 2 * (a * GPMAX + pa[a]));
+        const int4 f = __ldg(grid_patches + 2 * (a * GPMAX + pa[a]) + 1);
+        x.gq[a] = e.x;
+        x.gfirst[a] = e.y;
+        x.gnt[a] = e.z;
+        x.glo[a] = e.w;
+        x.ghi[a] = f.x;
+        x.n_tiles *= e.z;
+      }
+      x.t0 = 0;
+      x.q_end = Sq;
+      x.kv_end = Skv;
+      x.in_lo = 0;
+      x.in_hi = Skv;
+      return x;
+    }
     // the key tiles any row of the block sees
     int lo = 0, hi = Skv;
     if (LEFT < __UNBOUNDED__) lo = max(0, x.m0 - LEFT);
@@ -372,6 +426,13 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   auto scheduled = [&](int n) {
     const int w = SCHEDULE == 1 ? (int)blockIdx.x + n * (int)gridDim.x : n;
     return w < n_work ? w : -1;
+  };
+  // grid: the tile indices (last axis fastest) of key tile t of a patch with nt1 x nt2 tiles on
+  // the inner axes
+  auto tile_index = [&](int t, int nt1, int nt2, int* i) {
+    i[2] = t % nt2;
+    i[1] = t / nt2 % nt1;
+    i[0] = t / (nt2 * nt1);
   };
 
   if (tid == 0) {
@@ -422,8 +483,14 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
         if (PERSISTENT) {
           if (qn > 0) mbar_wait(q_empty, (qn - 1) & 1);
           mbar_expect_tx(q_full, QBYTES);
-          tma_load_4d(s_q, gq, q_full, 0, x.h, x.m0, x.b);
-          tma_load_4d(s_q + BM * 128, gq, q_full, 64, x.h, x.m0, x.b);
+          if (GRID) {
+            const int c4 = x.b * GN0 + x.gq[0];
+            tma_load_5d(s_q, gq, q_full, 0, x.h, x.gq[2], x.gq[1], c4);
+            tma_load_5d(s_q + BM * 128, gq, q_full, 64, x.h, x.gq[2], x.gq[1], c4);
+          } else {
+            tma_load_4d(s_q, gq, q_full, 0, x.h, x.m0, x.b);
+            tma_load_4d(s_q + BM * 128, gq, q_full, 64, x.h, x.m0, x.b);
+          }
           ++qn;
         }
         // ring counts the tiles as they are issued; the loop is not unrolled (with the queue's
@@ -432,16 +499,32 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
 #pragma unroll 1
         for (int n0 = x.t0 * BN; ring < r_end; ++ring, n0 += BN) {
           const int s = ring % STAGES, parity = ((ring / STAGES) & 1) ^ 1;
+          // a grid's key tile: its box's coordinates (c2, c1, c4: the merged batch and outer axis)
+          int c2 = 0, c1 = 0, c4 = 0;
+          if (GRID) {
+            int i[3];
+            tile_index(n0 / BN, x.gnt[1], x.gnt[2], i);
+            c2 = x.gfirst[2] + i[2] * KT2 * GD2;
+            c1 = x.gfirst[1] + i[1] * KT1 * GD1;
+            c4 = x.b * GN0 + x.gfirst[0] + i[0] * KT0 * GD0;
+          }
+          auto load = [&](uint32_t dst, const void* map, uint32_t bar) {
+            if (GRID) {
+              tma_load_5d(dst, map, bar, 0, hkv, c2, c1, c4);
+              tma_load_5d(dst + BN * 128, map, bar, 64, hkv, c2, c1, c4);
+            } else {
+              tma_load_4d(dst, map, bar, 0, hkv, n0, x.b);
+              tma_load_4d(dst + BN * 128, map, bar, 64, hkv, n0, x.b);
+            }
+          };
           if (ring >= STAGES) mbar_wait(empty_k(s), parity);
           mbar_expect_tx(full_k(s), TILE + (RT == 2 ? BN * 4 : 0));
-          tma_load_4d(s_k + s * TILE, gk, full_k(s), 0, hkv, n0, x.b);
-          tma_load_4d(s_k + s * TILE + BN * 128, gk, full_k(s), 64, hkv, n0, x.b);
+          load(s_k + s * TILE, gk, full_k(s));
           if (RT == 2)
             bulk_load(s_ids + s * BN * 4, rt_kv_ids + (size_t)x.b * kv_ids_stride + n0, BN * 4, full_k(s));
           if (ring >= STAGES) mbar_wait(empty_v(s), parity);
           mbar_expect_tx(full_v(s), TILE);
-          tma_load_4d(s_v + s * TILE, gv, full_v(s), 0, hkv, n0, x.b);
-          tma_load_4d(s_v + s * TILE + BN * 128, gv, full_v(s), 64, hkv, n0, x.b);
+          load(s_v + s * TILE, gv, full_v(s));
         }
       }
     } else {
@@ -483,9 +566,14 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   // ---- consumers: warpgroup wg owns rows m0 + 64 wg .. + 63 of each work tile ----
   // warp-uniform (through a shuffle), so that what derives from it can live in uniform registers
   const int wg = __shfl_sync(0xffffffff, warp / 4, 0), wt = tid % 128;
-  int m0 = 0, rows[2] = {0, 0};  // the current work tile's first row, this thread's two rows
+  // the current work tile's first row and key tile, this thread's two rows (grid: their tokens,
+  // Sq for a patch's rows past the grid)
+  int m0 = 0, t0 = 0, rows[2] = {0, 0};
   // the current work tile's key length and id-free keys (Work), this thread's rows' segment ids
   int kv_end = Skv, in_lo = 0, in_hi = Skv, row_id[2] = {0, 0};
+  // grid: the work tile's patch (Work's g* fields), this thread's rows' windows per axis
+  int gfirst[3] = {0, 0, 0}, gnt[3] = {1, 1, 1}, glo[3] = {0, 0, 0}, ghi[3] = {0, 0, 0};
+  int win_lo[2][3], win_span[2][3];
   float o[64], sc[SN];  // sc: this thread's BN / 2 scores of its two rows
   uint32_t p[SN / 2];
   float mx[2], sum[2], corr[2];
@@ -513,12 +601,40 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   };
   // mask, running max and sum; sc becomes exp2(s * scale_log2 - max), corr the rescale of o
   // (tile n0 in stage s: with segment ids, its keys' ids are in the stage's slot)
-  auto softmax = [&](int n0, int s) {
+  auto softmax = [&](int t, int s) {
+    const int n0 = (t0 + t) * BN;
     bool edge = n0 + BN > kv_end;
     if (LEFT < __UNBOUNDED__) edge |= n0 < m0 + BM - 1 - LEFT;
     if (RIGHT < __UNBOUNDED__) edge |= n0 + BN - 1 > m0 + RIGHT;
     if (RT == 2) edge |= n0 < in_lo || n0 + BN > in_hi;
-    if (edge) {
+    if (GRID) {
+      int i[3];
+      tile_index(t, gnt[1], gnt[2], i);
+      edge = false;
+#pragma unroll
+      for (int a = 0; a < 3; ++a) edge |= i[a] < glo[a] || i[a] >= ghi[a];
+      if (edge) {
+        // key (column) c of the tile sits at the box's origin plus (c / (KT1 KT2), c / KT2 % KT1,
+        // c % KT2) times the dilations; a thread's columns are 2 (lane % 4) plus constants, and
+        // with KT2 a multiple of 8 the lane's part stays on the last axis
+        const int o[3] = {gfirst[0] + i[0] * KT0 * GD0, gfirst[1] + i[1] * KT1 * GD1,
+                          gfirst[2] + (i[2] * KT2 + 2 * (lane % 4)) * GD2};
+        int off[2][3];
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+          for (int a = 0; a < 3; ++a) off[r][a] = o[a] - win_lo[r][a];
+#pragma unroll
+        for (int e = 0; e < SN; ++e) {
+          const int c = (e / 4) * 8 + (e % 2), r = (e / 2) % 2;
+          const int l2 = c % KT2, l1 = c / KT2 % KT1, l0 = c / (KT2 * KT1);
+          const bool ok = (uint32_t)(off[r][2] + l2 * GD2) < (uint32_t)win_span[r][2] &&
+                          (uint32_t)(off[r][1] + l1 * GD1) < (uint32_t)win_span[r][1] &&
+                          (uint32_t)(off[r][0] + l0 * GD0) < (uint32_t)win_span[r][0];
+          if (!ok) sc[e] = NEG_INF;
+        }
+      }
+    } else if (edge) {
       // col - row and kv_end - col as per-thread values plus constants: compares with immediates
       const int col0 = n0 + 2 * (lane % 4), d0 = col0 - rows[0], room = kv_end - col0;
       const int* key_id = reinterpret_cast<const int*>(smem + (s_ids - s_q) + s * BN * 4) + 2 * (lane % 4);
@@ -575,8 +691,32 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   if (w < 0) break;
   const Work x = work(w);
   m0 = x.m0;
+  t0 = x.t0;
   rows[0] = m0 + 64 * wg + 16 * (warp % 4) + lane / 4;  // fragment rows r and r + 8 of the warp's 16
   rows[1] = rows[0] + 8;
+  if (GRID) {
+#pragma unroll
+    for (int a = 0; a < 3; ++a) {
+      gfirst[a] = x.gfirst[a];
+      gnt[a] = x.gnt[a];
+      glo[a] = x.glo[a];
+      ghi[a] = x.ghi[a];
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = rows[i] - m0;  // the row's place in the patch, last axis fastest
+      const int c[3] = {x.gq[0] + r / (QT1 * QT2) * GD0, x.gq[1] + r / QT2 % QT1 * GD1,
+                        x.gq[2] + r % QT2 * GD2};
+      const bool live = c[0] < GN0 && c[1] < GN1 && c[2] < GN2;
+#pragma unroll
+      for (int a = 0; a < 3; ++a) {
+        const int2 wv = live ? __ldg(grid_windows + a * GNMAX + c[a]) : make_int2(0, 0);
+        win_lo[i][a] = wv.x;
+        win_span[i][a] = wv.y - wv.x;
+      }
+      rows[i] = live ? (c[0] * GN1 + c[1]) * GN2 + c[2] : Sq;
+    }
+  }
   kv_end = x.kv_end;
   in_lo = x.in_lo;
   in_hi = x.in_hi;
@@ -621,7 +761,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     wgmma_wait<0>();
     fence_regs<SN>(sc);
     release_k(stage(0), false);
-    softmax(x.t0 * BN, stage(0));
+    softmax(0, stage(0));
     release_k(stage(0), true);
     to_p();
     for (int t = 1; t < n_tiles; ++t) {
@@ -639,7 +779,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
       wgmma_wait<1>();
       fence_regs<SN>(sc);
       release_k(s, false);
-      softmax((x.t0 + t) * BN, s);
+      softmax(t, s);
       release_k(s, true);
       wgmma_wait<0>();
       fence_regs<64>(o);
@@ -673,7 +813,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
       wgmma_wait<0>();
       fence_regs<SN>(sc);
       release_k(s, false);
-      softmax((x.t0 + t) * BN, s);
+      softmax(t, s);
       release_k(s, true);
       rescale_o();
       to_p();
@@ -778,10 +918,28 @@ def runtime_subs(runtime: str, names: tuple[str, ...]) -> dict[str, str]:
     }
 
 
+def grid_subs(grid) -> dict[str, str]:
+    """The grid geometry's placeholders: ``GridTiles`` baked in and the ``grid_tables`` parameter,
+    or, with no grid, ``GRID = false`` (unit axes, the tables a null pointer)."""
+    on = grid is not None
+    g = grid.grid if on else (1, 1, 1)
+    d = grid.dilation if on else (1, 1, 1)
+    q = grid.q_tile if on else (1, 1, BM)
+    k = grid.k_tile if on else (1, 1, BN)
+    p = grid.patches if on else (1, 1, 1)
+    subs = {"__GRID__": str(on).lower(), "__GPMAX__": str(grid.pmax if on else 1),
+            "__GNMAX__": str(grid.nmax if on else 1),
+            "__GRID_PARAMS__": "const int* __restrict__ grid_tables, " if on else "",
+            "__GRID_LOCALS__": "" if on else "const int* grid_tables = nullptr;"}
+    for name, vals in (("GN", g), ("GD", d), ("QT", q), ("KT", k), ("GP", p)):
+        subs.update({f"__{name}{a}__": str(v) for a, v in enumerate(vals)})
+    return subs
+
+
 def source(left: int | None, right: int | None, *, stages: int = 2, overlap: bool = True,
            pingpong: bool = True, feed: str = "tma", proxy_fence: bool | None = None,
            block_n: int = BN, dtype: str = "bfloat16", schedule: str = "grid", section_bytes: int = 0,
-           runtime: str = "") -> str:
+           runtime: str = "", grid=None) -> str:
     """The kernel's CUDA C++ for the mask ``i - left <= j <= i + right`` (``None``: unbounded).
 
     ``feed``: how K/V reach shared memory: ``"tma"`` (tensor maps: ``tmap_templates`` holds K's,
@@ -802,6 +960,13 @@ def source(left: int | None, right: int | None, *, stages: int = 2, overlap: boo
     ``q_len`` get ``out = 0``, ``lse = -inf``; keys at or past ``kv_len`` are never seen);
     ``"ids"``, padding and segment ids (a query sees a key of its own id), with the key range of
     each row block from ``rt_ranges`` (:func:`jax_bindings._cuda.runtime_tables.fwd_arrays`).
+    ``grid`` (a :class:`jax_bindings._cuda.grid_tiles.GridTiles`, with ``left = right = None``):
+    a grid layout's spatial tiles replace the band: a work tile is a query patch, its walk the
+    key tiles of its key box, each masked from the per-axis windows unless inside all of them;
+    the kernel then takes ``grid_tables`` (:func:`jax_bindings._cuda.grid_tiles.grid_plan`)
+    after ``tmap_templates`` and 5-D tensor maps
+    (:func:`jax_bindings._cuda.tensor_map.grid_template`), and needs a persistent ``schedule``,
+    ``block_n = prod(grid.k_tile)`` and no runtime mask.
     ``proxy_fence``: the consumers' generic -> async proxy fence after each wait (needed for
     cp.async; default on for it only). ``block_n``:
     keys per tile (the wgmma N of ``Q K^T``). V's MN-major descriptor has the 64-column block
@@ -820,6 +985,13 @@ def source(left: int | None, right: int | None, *, stages: int = 2, overlap: boo
         raise ValueError(f"runtime='ids' needs feed='tma' (key ids come with K by bulk copy), got {feed!r}")
     if type(section_bytes) is not int or not 0 <= section_bytes < 2**40:
         raise ValueError(f"section_bytes must be an int in [0, 2**40), got {section_bytes!r}")
+    if grid is not None:
+        if schedule == "grid" or runtime or left is not None or right is not None:
+            raise ValueError(f"grid tiles need a persistent schedule, no runtime mask and no band, got "
+                             f"schedule={schedule!r}, runtime={runtime!r}, left={left!r}, right={right!r}")
+        if block_n != grid.block_n:
+            raise ValueError(f"block_n must be the key tile's {grid.block_n} keys with grid tiles, "
+                             f"got {block_n}")
     subs = {
         "__BM__": BM, "__BN__": block_n, "__D__": D, "__STAGES__": stages, "__LEFT__": bound(left),
         "__RIGHT__": bound(right), "__THREADS__": THREADS, "__NAME__": KERNEL_NAME,
@@ -830,7 +1002,7 @@ def source(left: int | None, right: int | None, *, stages: int = 2, overlap: boo
                                                         else proxy_fence).lower(),
         "__SCHEDULE__": SCHEDULES[schedule], "__SLOT_BYTES__": SLOT_BYTES, "__BAR_BYTES__": bar_bytes(stages),
         "__PRODUCER_REGS__": PRODUCER_REGS, "__CONSUMER_REGS__": CONSUMER_REGS, "__ELEM__": ELEMENTS[dtype],
-        "__SECTION_BYTES__": section_bytes, **runtime_subs(runtime, FWD_RUNTIME_ARRAYS),
+        "__SECTION_BYTES__": section_bytes, **runtime_subs(runtime, FWD_RUNTIME_ARRAYS), **grid_subs(grid),
     }
     text = HELPERS + wgmma_ss(block_n) + wgmma_rs(D) + _KERNEL
     for key, val in subs.items():

@@ -66,3 +66,40 @@ def bshd_template(shape: tuple[int, int, int, int], box_rows: int) -> bytes:
     if status:
         raise RuntimeError(f"cuTensorMapEncodeTiled({shape}, box_rows={box_rows}) failed: CUresult {status}")
     return raw.raw[at : at + TEMPLATE_BYTES]
+
+
+@functools.lru_cache(maxsize=256)
+def grid_template(shape: tuple[int, int, int, int], grid: tuple[int, int, int], box: tuple[int, int, int],
+                  dilation: tuple[int, int, int]) -> bytes:
+    """The 128-byte tensor map of a contiguous 16-bit ``[B, S, H, D]`` array whose ``S`` tokens are
+    the row-major grid ``grid`` (3 axes, outermost first): 5 dimensions ``(D, H, grid[2], grid[1],
+    B * grid[0])`` (batch and outermost axis merged: one stride), boxes of 64 head-dim columns x
+    one head x ``box[a]`` coordinates on each axis taken every ``dilation[a]``-th (the traversal
+    stride, at most 8), 128-byte swizzled, zero fill out of bounds. A box lands in shared memory
+    as ``prod(box)`` rows of 128 bytes, last axis fastest: the layout of :func:`bshd_template`'s."""
+    B, S, H, D = shape
+    g0, g1, g2 = grid
+    if g0 * g1 * g2 != S:
+        raise ValueError(f"grid {grid} does not hold the {S} tokens of shape {shape}")
+    if (D * 2) % 128:
+        raise ValueError(f"head dim {D}: rows of {D * 2} bytes are not whole 128-byte swizzle rows")
+    if not all(1 <= d <= 8 for d in dilation):
+        raise ValueError(f"dilation {dilation}: TMA traversal strides are 1 to 8")
+    if not all(1 <= b * d <= 256 for b, d in zip(box, dilation, strict=True)):
+        raise ValueError(f"box {box} with dilation {dilation}: a box spans 1 to 256 coordinates an axis")
+    u64, u32 = ctypes.c_uint64, ctypes.c_uint32
+    row = H * D * 2  # bytes between consecutive tokens
+    dims = (u64 * 5)(D, H, g2, g1, B * g0)
+    strides = (u64 * 4)(D * 2, row, g2 * row, g1 * g2 * row)
+    boxes = (u32 * 5)(64, 1, box[2] * dilation[2], box[1] * dilation[1], box[0] * dilation[0])
+    steps = (u32 * 5)(1, 1, dilation[2], dilation[1], dilation[0])
+    raw = ctypes.create_string_buffer(TEMPLATE_BYTES + 64)
+    at = -ctypes.addressof(raw) % 64
+    status = _driver().cuTensorMapEncodeTiled(
+        ctypes.c_void_p(ctypes.addressof(raw) + at), _UINT16, u32(5), ctypes.c_void_p(_DUMMY_BASE),
+        dims, strides, boxes, steps, _INTERLEAVE_NONE, _SWIZZLE_128B, _L2_PROMOTION_256B, _OOB_FILL_NONE,
+    )
+    if status:
+        raise RuntimeError(f"cuTensorMapEncodeTiled({shape}, grid={grid}, box={box}, dilation={dilation}) "
+                           f"failed: CUresult {status}")
+    return raw.raw[at : at + TEMPLATE_BYTES]

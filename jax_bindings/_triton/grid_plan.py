@@ -104,13 +104,7 @@ def _phase_patches(axis: GridAxis, t: int) -> tuple[np.ndarray, np.ndarray]:
         xs = x[phase == p]
         for j in range(0, xs.size, t):
             chunk = xs[j : j + t]
-            live = chunk[axis.count[chunk] > 0]
-            if live.size:
-                lo = int(axis.first[live].min())
-                hi = int(axis.end()[live].max())
-                regions.append((lo, (hi - lo + d - 1) // d))
-            else:
-                regions.append((0, 0))
+            regions.append(axis.box(chunk))
             coords.append(np.pad(chunk, (0, t - chunk.size), constant_values=-1))
     return np.concatenate(coords), np.asarray(regions, np.int64).reshape(-1, 2)
 
