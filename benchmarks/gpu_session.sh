@@ -22,7 +22,8 @@
 #                -> $OUT/bench-neighborhood.json and .png (+ grid pictures)
 #   cuda         the cuda backend's tests alone (compile checks + gpu suite), log in $OUT/gpu_cuda.log
 #   sanitize-cuda  every cuda-backend variant of its gpu tests under compute-sanitizer memcheck
-#                (benchmarks/sanitize_cuda.py: CuPy launches, no XLA), log in $OUT/sanitizer-cuda.log
+#                (benchmarks/sanitize_cuda.py: CuPy launches, no XLA; SANITIZE_CUDA_ARGS=grid: the
+#                grid forward's alone), log in $OUT/sanitizer-cuda.log
 #   cudabench:L1,L2  splat bench --backend cuda --mode fwd ($CUDA_MODE: both) on the one-band masks vs splat's Triton, cuDNN,
 #                FA3, FlexAttention ($CUDA_PEERS overrides) -> $OUT/bench-cuda-L1-L2.json and .png
 #   coldstart    benchmarks/compile_time.py on sliding_window(256, 256) (auto: cuda forward, triton
@@ -105,12 +106,13 @@ for l in sys.stdin:
         --out "$OUT/bench-auto.json" >"$OUT/bench-auto.log" 2>&1
       echo "auto bench rc=$?"; tail -30 "$OUT/bench-auto.log" ;;
     cuda)
-      timeout 420 python3 -m pytest -q tests/test_cuda_source.py tests/test_cuda_gpu.py tests/test_cuda_runtime_gpu.py -p no:cacheprovider -rs \
+      timeout 480 python3 -m pytest -q tests/test_cuda_source.py tests/test_cuda_gpu.py tests/test_cuda_runtime_gpu.py \
+        tests/test_cuda_grid_tiles.py tests/test_cuda_grid_gpu.py -p no:cacheprovider -rs \
         >"$OUT/gpu_cuda.log" 2>&1
       echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|Error" "$OUT/gpu_cuda.log" | head -20; tail -3 "$OUT/gpu_cuda.log" ;;
     sanitize-cuda)
-      timeout 420 compute-sanitizer --tool memcheck --error-exitcode 9 python3 benchmarks/sanitize_cuda.py \
-        >"$OUT/sanitizer-cuda.log" 2>&1
+      timeout 480 compute-sanitizer --tool memcheck --error-exitcode 9 python3 benchmarks/sanitize_cuda.py \
+        ${SANITIZE_CUDA_ARGS:-} >"$OUT/sanitizer-cuda.log" 2>&1
       echo "sanitizer rc=$?"; grep -E "ERROR SUMMARY|launches|Invalid|Error" "$OUT/sanitizer-cuda.log" | tail -6 ;;
     cudabench:*)
       lengths=${stage#cudabench:}

@@ -13,7 +13,9 @@ runtime-mask variants (lengths, segment ids) on ``tests/cuda_cases.RUNTIME_CASES
 backward, their arrays built by ``jax_bindings._cuda.runtime_tables`` with JAX on the CPU; and
 the grid forward (N-D neighborhoods) on ``tests/cuda_cases.GRID_CASES``.
 
-    compute-sanitizer --tool memcheck --error-exitcode 9 python3 benchmarks/sanitize_cuda.py
+    compute-sanitizer --tool memcheck --error-exitcode 9 python3 benchmarks/sanitize_cuda.py [grid]
+
+(``grid``: the grid forward's cases alone.)
 """
 
 from __future__ import annotations
@@ -143,6 +145,10 @@ def launch(variant, q, k, v, scale, ctas=None, rt_arrays=()):
 
 
 def main() -> int:
+    if sys.argv[1:] == ["grid"]:
+        launched = run_grid_cases()
+        print(f"{launched} launches of {launched} cuda kernel variants")
+        return 0
     launched = 0
     for dtype, (schedule, ctas, section) in itertools.product(NP, LAUNCHES):
         for name, sq, skv, left, right, h, hk in CASES:

@@ -42,6 +42,7 @@ def _flex(mask, q, k, v, do, mode):
     from torch.nn.attention import flex_attention as fa
 
     expr = mask_expression(mask)  # the bench's FlexAttention form of the neighborhood
+    torch._dynamo.reset()  # a fresh compile per case and mode (past 8, dynamo falls back to eager)
 
     def mask_mod(b, h, qi, ki):
         return expr(qi, ki)
