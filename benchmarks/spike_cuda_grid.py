@@ -21,7 +21,7 @@ from cuda_spike_cases import SCALE, D, H, chained_ms
 from spike_neighborhood import CASES
 
 from jax_bindings._cuda import backend as cb
-from jax_bindings._cuda import compiler, grid_tiles, plan
+from jax_bindings._cuda import compiler, grid_tiles, plan, source
 from splat import masks
 
 MASK_BRANCH = "      if (edge) {\n        // key (column) c of the tile"
@@ -40,8 +40,6 @@ class Edited:
         return self.base.smem
 
     def compiled(self) -> tuple[str, bytes]:
-        from jax_bindings._cuda import source
-
         planned, text = self.base.named_source()
         if self.old:
             assert text.count(self.old) == 1, self.old
@@ -78,6 +76,9 @@ def main() -> None:
         ctas = plan.grid(q.shape, "strided", cb._sm_count(), tiles.n_patches)
         for vname in a.variants:
             var = variants(layout)[vname]
+            if var.smem > source.SMEM_LIMIT:
+                print(f"{case:6s} {vname:10s} needs {var.smem} bytes of shared memory: skipped", flush=True)
+                continue
             name, image = var.compiled()
 
             def fwd(q, k, v, name=name, image=image, var=var, ctas=ctas, maps=maps, tables=tables):
