@@ -228,8 +228,9 @@ RUNTIME_VARIANTS = [  # (generator, left, right, kwargs): the runtime-mask kinds
 @pytest.mark.parametrize("variant", RUNTIME_VARIANTS, ids=lambda v: f"{v[0].__name__},{_variant_id(v[1:])}")
 def test_runtime_variants_compile_and_take_their_arrays(cuda_compiler, variant):
     """Each runtime kind adds its arrays to the signature after ``tmap_templates``. Spills stay
-    bounded: the forward's producer lane holds the tile runs in 24 registers (up to 20 bytes);
-    the backward's ids path spills a few registers in its step too (NOTES.md, session 13)."""
+    bounded: the forward's producer lane holds the tile runs in 24 registers (up to 20 bytes with
+    NVRTC 13.5, 36 with the H100 machine's 13.0 on the queue in sections with segment ids); the
+    backward's ids path spills a few registers in its step too (NOTES.md, session 13)."""
     make, left, right, kwargs = variant
     text = make(left, right, **kwargs)
     names = gen.FWD_RUNTIME_ARRAYS if make is gen.source else bwd.BWD_RUNTIME_ARRAYS
@@ -240,7 +241,7 @@ def test_runtime_variants_compile_and_take_their_arrays(cuda_compiler, variant):
     image, log = cuda_compiler.compile(text, verbose=True)
     assert image[:4] == b"\x7fELF" and "warning" not in log.lower(), log
     spills = int(re.search(r"(\d+) bytes spill stores", log).group(1))
-    assert spills <= (32 if make is gen.source else 256), log
+    assert spills <= (40 if make is gen.source else 256), log
 
 
 def test_backward_shared_memory_and_names():
