@@ -139,6 +139,11 @@ class GridWindows:
     def size(self) -> int:
         return math.prod(self.grid)
 
+    def padded_axes(self, n: int) -> tuple[GridAxis, ...]:
+        """The axes with leading length-1 axes (whose one query sees its one key) up to ``n``."""
+        one = GridAxis(1, 1, np.zeros(1), np.ones(1))
+        return (one,) * (n - len(self.axes)) + self.axes
+
     @property
     def steps(self) -> tuple[int, ...]:
         """Token-index step of one unit along each axis (row-major)."""

@@ -11,6 +11,8 @@
   registry order; one that cannot run here is skipped with the registry's
   reason, so the skip summary says why ("jax" runs everywhere, "triton" and
   "cudnn" on a CUDA GPU).
+* ``cuda_compiler``: the CUDA compiler (NVRTC or nvcc) of ``jax_bindings._cuda.compiler``;
+  tests that compile generated CUDA C++ skip, with the reason, where there is none.
 * Without a GPU, ``TRITON_INTERPRET=1`` is set here, before any test imports
   triton: every Triton kernel in the tests then runs under the interpreter, and
   Triton (3.9) runs a kernel's calls to other jitted functions there only when
@@ -104,3 +106,13 @@ def fresh_registry(monkeypatch):
     clear()
     yield
     clear()
+
+
+@pytest.fixture(scope="session")
+def cuda_compiler():
+    from jax_bindings._cuda import compiler
+
+    c = compiler.compiler()
+    if isinstance(c, str):
+        pytest.skip(c)
+    return c

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from cuda_cases import GRID_CASES
 
-from jax_bindings._cuda import compiler, grid_tiles, plan
+from jax_bindings._cuda import grid_tiles, plan
 from jax_bindings._cuda import source as gen
 from splat import masks
 
@@ -110,14 +110,6 @@ def test_the_grid_kernel_takes_its_tables_after_the_templates():
     assert "constexpr bool GRID = false;" in band and "const int* grid_tables = nullptr;" in band
     placeholders = set(re.findall(r"__[A-Z][A-Z_0-9]*__", text)) - {"__CUDACC_RTC__"}
     assert not placeholders, f"template placeholders left unfilled: {placeholders}"
-
-
-@pytest.fixture(scope="module")
-def cuda_compiler():
-    c = compiler.compiler()
-    if isinstance(c, str):
-        pytest.skip(c)
-    return c
 
 
 @pytest.mark.parametrize(

@@ -148,14 +148,6 @@ def _variant_id(v) -> str:
     return f"{left},{right}," + (",".join(f"{a}={x}" for a, x in kwargs.items()) or "default")
 
 
-@pytest.fixture(scope="module")
-def cuda_compiler():
-    c = compiler.compiler()
-    if isinstance(c, str):
-        pytest.skip(c)
-    return c
-
-
 @pytest.mark.parametrize("variant", VARIANTS, ids=_variant_id)
 def test_variant_compiles_for_sm90a_with_at_most_a_few_bytes_spilled(cuda_compiler, variant):
     """No spills with NVRTC 13.5; NVRTC 13.0 (the H100 machine's) spills 4-8 bytes on the queue

@@ -77,11 +77,6 @@ class GridPlan:
     tables: np.ndarray = field(repr=False)
 
 
-def _padded(windows: GridWindows) -> tuple[GridAxis, ...]:
-    one = GridAxis(1, 1, np.zeros(1), np.ones(1))
-    return (one,) * (AXES - len(windows.axes)) + tuple(windows.axes)
-
-
 def _phase_ok(axis: GridAxis) -> bool:
     """Every query that sees a key sees keys on its own coordinate's phase (``x % dilation``):
     then a patch of one phase is one strided box."""
@@ -170,7 +165,7 @@ def grid_plan(windows: GridWindows) -> GridPlan:
     why = supported(windows)
     if why is not None:
         raise NotImplementedError(why)
-    axes = _padded(windows)
+    axes = windows.padded_axes(AXES)
     grid = tuple(a.length for a in axes)
     dil = tuple(a.dilation for a in axes)
     sub = [-(-n // d) for n, d in zip(grid, dil, strict=True)]

@@ -88,11 +88,6 @@ class GridPlan:
     row_blocks: int
 
 
-def _padded_axes(windows: GridWindows) -> tuple[GridAxis, ...]:
-    one = GridAxis(1, 1, np.zeros(1), np.ones(1))
-    return (one,) * (AXES - len(windows.axes)) + tuple(windows.axes)
-
-
 def _phase_patches(axis: GridAxis, t: int) -> tuple[np.ndarray, np.ndarray]:
     """Query coordinates of one axis grouped by window phase, in patches of ``t``:
     ``(coords [P * t] with -1 padding, region [P, 2])``."""
@@ -180,7 +175,7 @@ def grid_plan(op: str, windows: GridWindows, dtype: str, head_dim: int, num_head
         raise ValueError(f"op must be one of {GRID_OPS}, got {op!r}")
     if len(windows.axes) > AXES:
         raise NotImplementedError(f"grid kernels take up to {AXES} axes, the layout has {len(windows.axes)}")
-    axes = _padded_axes(windows)
+    axes = windows.padded_axes(AXES)
     block_m, block_n, warps, stages = _tiles_for(op, head_dim, dtype)
     q_tile = _query_tile(axes, block_m)
     parts = [_phase_patches(a, t) for a, t in zip(axes, q_tile, strict=True)]
