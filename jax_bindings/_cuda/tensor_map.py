@@ -44,28 +44,38 @@ def available() -> str | None:
     return None
 
 
+def _encode(dims, strides, box, steps, what: str) -> bytes:
+    """The 128-byte tensor map of 16-bit elements with global ``dims`` (innermost first), byte
+    ``strides`` of the outer ones, ``box`` and traversal ``steps``: 128-byte swizzled, zero fill
+    out of bounds, at the dummy base address the kernel replaces. ``what`` names the call in errors."""
+    u64, u32 = ctypes.c_uint64, ctypes.c_uint32
+    rank = len(dims)
+    raw = ctypes.create_string_buffer(TEMPLATE_BYTES + 64)  # CUtensorMap is 64-byte aligned
+    at = -ctypes.addressof(raw) % 64
+    status = _driver().cuTensorMapEncodeTiled(
+        ctypes.c_void_p(ctypes.addressof(raw) + at), _UINT16, u32(rank), ctypes.c_void_p(_DUMMY_BASE),
+        (u64 * rank)(*dims), (u64 * (rank - 1))(*strides), (u32 * rank)(*box), (u32 * rank)(*steps),
+        _INTERLEAVE_NONE, _SWIZZLE_128B, _L2_PROMOTION_256B, _OOB_FILL_NONE,
+    )
+    if status:
+        raise RuntimeError(f"cuTensorMapEncodeTiled({what}) failed: CUresult {status}")
+    return raw.raw[at : at + TEMPLATE_BYTES]
+
+
+def _check_rows(D: int) -> None:
+    if (D * 2) % 128:
+        raise ValueError(f"head dim {D}: rows of {D * 2} bytes are not whole 128-byte swizzle rows")
+
+
 @functools.lru_cache(maxsize=256)
 def bshd_template(shape: tuple[int, int, int, int], box_rows: int) -> bytes:
     """The 128-byte tensor map of a contiguous 16-bit ``[B, S, H, D]`` array (``D * 2`` bytes a
     multiple of 128): boxes of 64 head-dim columns x one head x ``box_rows`` rows x one batch,
     128-byte swizzled, zero fill out of bounds."""
     B, S, H, D = shape
-    if (D * 2) % 128:
-        raise ValueError(f"head dim {D}: rows of {D * 2} bytes are not whole 128-byte swizzle rows")
-    u64, u32 = ctypes.c_uint64, ctypes.c_uint32
-    dims = (u64 * 4)(D, H, S, B)
-    strides = (u64 * 3)(D * 2, H * D * 2, S * H * D * 2)
-    box = (u32 * 4)(64, 1, box_rows, 1)
-    ones = (u32 * 4)(1, 1, 1, 1)
-    raw = ctypes.create_string_buffer(TEMPLATE_BYTES + 64)  # CUtensorMap is 64-byte aligned
-    at = -ctypes.addressof(raw) % 64
-    status = _driver().cuTensorMapEncodeTiled(
-        ctypes.c_void_p(ctypes.addressof(raw) + at), _UINT16, u32(4), ctypes.c_void_p(_DUMMY_BASE),
-        dims, strides, box, ones, _INTERLEAVE_NONE, _SWIZZLE_128B, _L2_PROMOTION_256B, _OOB_FILL_NONE,
-    )
-    if status:
-        raise RuntimeError(f"cuTensorMapEncodeTiled({shape}, box_rows={box_rows}) failed: CUresult {status}")
-    return raw.raw[at : at + TEMPLATE_BYTES]
+    _check_rows(D)
+    return _encode((D, H, S, B), (D * 2, H * D * 2, S * H * D * 2), (64, 1, box_rows, 1), (1, 1, 1, 1),
+                   f"{shape}, box_rows={box_rows}")
 
 
 @functools.lru_cache(maxsize=256)
@@ -81,25 +91,15 @@ def grid_template(shape: tuple[int, int, int, int], grid: tuple[int, int, int], 
     g0, g1, g2 = grid
     if g0 * g1 * g2 != S:
         raise ValueError(f"grid {grid} does not hold the {S} tokens of shape {shape}")
-    if (D * 2) % 128:
-        raise ValueError(f"head dim {D}: rows of {D * 2} bytes are not whole 128-byte swizzle rows")
+    _check_rows(D)
     if not all(1 <= d <= 8 for d in dilation):
         raise ValueError(f"dilation {dilation}: TMA traversal strides are 1 to 8")
     if not all(1 <= b * d <= 256 for b, d in zip(box, dilation, strict=True)):
         raise ValueError(f"box {box} with dilation {dilation}: a box spans 1 to 256 coordinates an axis")
-    u64, u32 = ctypes.c_uint64, ctypes.c_uint32
     row = H * D * 2  # bytes between consecutive tokens
-    dims = (u64 * 5)(D, H, g2, g1, B * g0)
-    strides = (u64 * 4)(D * 2, row, g2 * row, g1 * g2 * row)
-    boxes = (u32 * 5)(64, 1, box[2] * dilation[2], box[1] * dilation[1], box[0] * dilation[0])
-    steps = (u32 * 5)(1, 1, dilation[2], dilation[1], dilation[0])
-    raw = ctypes.create_string_buffer(TEMPLATE_BYTES + 64)
-    at = -ctypes.addressof(raw) % 64
-    status = _driver().cuTensorMapEncodeTiled(
-        ctypes.c_void_p(ctypes.addressof(raw) + at), _UINT16, u32(5), ctypes.c_void_p(_DUMMY_BASE),
-        dims, strides, boxes, steps, _INTERLEAVE_NONE, _SWIZZLE_128B, _L2_PROMOTION_256B, _OOB_FILL_NONE,
+    return _encode(
+        (D, H, g2, g1, B * g0), (D * 2, row, g2 * row, g1 * g2 * row),
+        (64, 1, box[2] * dilation[2], box[1] * dilation[1], box[0] * dilation[0]),
+        (1, 1, dilation[2], dilation[1], dilation[0]),
+        f"{shape}, grid={grid}, box={box}, dilation={dilation}",
     )
-    if status:
-        raise RuntimeError(f"cuTensorMapEncodeTiled({shape}, grid={grid}, box={box}, dilation={dilation}) "
-                           f"failed: CUresult {status}")
-    return raw.raw[at : at + TEMPLATE_BYTES]
