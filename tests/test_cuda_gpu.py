@@ -209,17 +209,21 @@ def test_backward_in_arrival_order_is_close():
         assert_close(gname, g, r, jnp.bfloat16)
 
 
-def test_auto_runs_the_forward_here_and_the_backward_elsewhere():
-    """A sliding window (no cuDNN) goes to the cuda forward; its gradients come from the next backend."""
-    layout = masks.sliding_window(64, 64).to_acsr(400)
-    q, k, v, do = _inputs(3, 400, 400, 4, 2, jnp.bfloat16)
-    scale = 128**-0.5
+def assert_auto_forward_here_and_exact(layout, q, k, v, do, scale):
+    """Under ``backend="auto"`` the forward of ``layout`` runs on the cuda backend, and the output
+    and the gradients (from whichever backend takes the backward) match the float64 reference."""
     assert jax_bindings.selected_backend("attention_with_lse", q, k, v, layout, scale) == "cuda"
     out, vjp = jax.vjp(jax.jit(lambda a, b, c: _dispatch.attention(a, b, c, layout, scale, "auto")), q, k, v)
-    assert_close("out", out, attention_ref(q, k, v, layout, scale)[0], jnp.bfloat16)
+    assert_close("out", out, attention_ref(q, k, v, layout, scale)[0], q.dtype)
     for name, g, r in zip(("dq", "dk", "dv"), vjp(do), attention_grads_ref(q, k, v, layout, scale, do),
                           strict=True):
-        assert_close(name, g, r, jnp.bfloat16)
+        assert_close(name, g, r, q.dtype)
+
+
+def test_auto_runs_the_forward_here_and_the_backward_elsewhere():
+    """A sliding window (no cuDNN) goes to the cuda forward; its gradients come from the next backend."""
+    q, k, v, do = _inputs(3, 400, 400, 4, 2, jnp.bfloat16)
+    assert_auto_forward_here_and_exact(masks.sliding_window(64, 64).to_acsr(400), q, k, v, do, 128**-0.5)
 
 
 def test_the_public_api_reaches_the_kernel():

@@ -15,17 +15,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from cuda_cases import GRID_CASES
-from reference import assert_close, attention_dense, attention_grads_ref, attention_ref
+from reference import assert_close, attention_dense, attention_ref
 
 import acsr
-import jax_bindings
-from jax_bindings import _dispatch, _registry
+from jax_bindings import _registry
 from splat import masks
 
 pytestmark = pytest.mark.gpu
 
 if _registry.unavailable("cuda") is not None:
     pytest.skip(f"the cuda backend cannot run here: {_registry.unavailable('cuda')}", allow_module_level=True)
+
+from test_cuda_gpu import assert_auto_forward_here_and_exact  # noqa: E402
 
 from jax_bindings._cuda import backend as cb  # noqa: E402
 from jax_bindings._cuda import grid_tiles, plan  # noqa: E402
@@ -103,13 +104,7 @@ def test_the_plan_of_the_benchmark_grids():
 def test_auto_runs_the_forward_here_and_the_gradients_elsewhere():
     layout = masks.neighborhood((20, 24), (7, 5), dilation=(1, 2)).to_acsr()
     q, k, v, do = _inputs(3, layout.q_len, 4, 2, jnp.bfloat16)
-    scale = 128**-0.5
-    assert jax_bindings.selected_backend("attention_with_lse", q, k, v, layout, scale) == "cuda"
-    out, vjp = jax.vjp(jax.jit(lambda a, b, c: _dispatch.attention(a, b, c, layout, scale, "auto")), q, k, v)
-    assert_close("out", out, attention_ref(q, k, v, layout, scale)[0], jnp.bfloat16)
-    for name, g, r in zip(("dq", "dk", "dv"), vjp(do), attention_grads_ref(q, k, v, layout, scale, do),
-                          strict=True):
-        assert_close(name, g, r, jnp.bfloat16)
+    assert_auto_forward_here_and_exact(layout, q, k, v, do, 128**-0.5)
 
 
 def test_the_public_neighborhood_api_reaches_the_kernel():
