@@ -18,8 +18,8 @@
 #   rtests       the gpu-marked runtime-mask tests alone (segment ids, lengths, offsets, soft cap)
 #   runtime      splat bench-runtime (documents, Gemma 2 local layer) vs FlexAttention / FA3
 #                -> $OUT/bench-runtime.json and .png
-#   neighborhood splat bench on the GRID patterns (2-D / 3-D neighborhoods) vs splat's Triton kernels,
-#                FlexAttention and dense cuDNN
+#   neighborhood splat bench on the GRID patterns (2-D / 3-D neighborhoods) and full (splat's own
+#                dense rate) at S = 16384 vs splat's Triton kernels, FlexAttention and dense cuDNN
 #                -> $OUT/bench-neighborhood.json and .png (+ grid pictures)
 #   cuda         the cuda backend's tests alone (compile checks + gpu suite), log in $OUT/gpu_cuda.log
 #   sanitize-cuda  every cuda-backend variant of its gpu tests under compute-sanitizer memcheck
@@ -46,7 +46,7 @@ for stage in "$@"; do
       echo "pytest rc=$?"; grep -E "Error|error|FAIL" "$OUT/gpu_rtests.log" | head -20; tail -4 "$OUT/gpu_rtests.log" ;;
     neighborhood)
       timeout 560 python3 -m splat bench --patterns neighborhood_2d neighborhood_2d_k7 neighborhood_2d_dilated \
-        neighborhood_2d_k63 neighborhood_3d --heads 16 --head-dim 128 --dtype bfloat16 --mode both \
+        neighborhood_2d_k63 neighborhood_3d full --lengths 16384 --heads 16 --head-dim 128 --dtype bfloat16 --mode both \
         --peers splat splat_triton flex cudnn_dense --out "$OUT/bench-neighborhood.json" --plot "$OUT/bench-neighborhood.png" \
         >"$OUT/bench-neighborhood.log" 2>&1
       echo "neighborhood bench rc=$?"; grep -E "neighborhood" "$OUT/bench-neighborhood.log" | tail -30 ;;

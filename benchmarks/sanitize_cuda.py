@@ -235,7 +235,8 @@ def run_runtime_cases() -> int:
 
 def run_grid_cases() -> int:
     """The grid forward (N-D neighborhoods) on every ``GRID_CASES`` case, in both dtypes, on one
-    CTA per SM and on 5 (several patches each); returns the launches."""
+    CTA per SM and on 5 (several patches each), its schedule's sections as planned (at these
+    lengths: every head) and of one head; returns the launches."""
     launched = 0
     for dtype, (grid, kernel, kw, h, hk) in itertools.product(NP, GRID_CASES):
         layout = masks.neighborhood(grid, kernel, **kw).to_acsr()
@@ -248,15 +249,17 @@ def run_grid_cases() -> int:
         scale = 128**-0.5
         mask = layout.to_dense()
         ref_out, ref_lse = reference(q, k, v, mask, scale)
-        for ctas in (None, 5):
-            out, lse = launch(variant, q, k, v, scale, ctas, (tables,))
+        for ctas, section in ((None, variant.section_bytes), (5, variant.section_bytes), (None, 1)):
+            out, lse = launch(dataclasses.replace(variant, section_bytes=section), q, k, v, scale, ctas,
+                              (tables,))
             launched += 1
             err = np.abs(out.astype(np.float32) - ref_out).max()
             assert np.isfinite(out.astype(np.float32)).all(), f"grid {grid} {kernel} {kw}: non-finite out"
             assert err < 3e-2, f"grid {grid} {kernel} {kw} {dtype}: out differs by {err:.3g}"
             lerr = np.abs(lse - ref_lse).max()
             assert lerr < 2e-2, f"grid {grid} {kernel} {kw} {dtype}: lse differs by {lerr:.3g}"
-            print(f"grid {grid!s:14s} k{kernel!s:10s} {kw!s:40s} {dtype:9s} ctas={ctas} ok (out {err:.1e})")
+            print(f"grid {grid!s:14s} k{kernel!s:10s} {kw!s:40s} {dtype:9s} ctas={ctas} section={section} "
+                  f"ok (out {err:.1e})")
     return launched
 
 

@@ -72,3 +72,13 @@ GRID_CASES = [  # the cuda grid forward's cases (N-D neighborhoods)
     ((40, 48), 15, {}, 2, 2),
     ((32, 40), 31, {}, 2, 1),
 ]
+
+# forced (q_tile, k_tile) shapes of the cuda grid forward (not the planner's): tiles of 2 to 64
+# coordinates on the last axis, one coordinate on an outer one, patches split along another axis
+GRID_SHAPE_CASES = [
+    (((6, 12, 12), (3, 5, 5), {"is_causal": (True, False, False)}), ((2, 8, 8), (1, 8, 16))),
+    (((40, 48), 15, {}), ((1, 16, 8), (1, 6, 24))),
+    (((40, 48), 15, {}), ((1, 8, 16), (1, 4, 32))),
+    (((20, 24), (17, 19), {}), ((1, 16, 8), (1, 2, 64))),
+    (((24, 24), 7, {"dilation": 2}), ((1, 16, 8), (1, 1, 64))),
+]

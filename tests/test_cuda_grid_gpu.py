@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from cuda_cases import GRID_CASES
+from cuda_cases import GRID_CASES, GRID_SHAPE_CASES
 from reference import assert_close, attention_dense, attention_ref
 
 import acsr
@@ -71,6 +71,30 @@ def test_grid_forward_matches_the_float64_reference(case, dtype):
     assert isinstance(plan.fwd_variant(layout, 128, jnp.dtype(dtype).name), plan.GridFwdVariant)
     q, k, v, _ = _inputs(sum(grid), layout.q_len, h, hk, dtype)
     _check(layout, q, k, v, 128**-0.5, dtype)
+
+
+@pytest.mark.parametrize(("case", "shape"), GRID_SHAPE_CASES, ids=lambda x: str(x).replace(" ", ""))
+def test_forced_shapes_where_warpgroups_skip_tiles(monkeypatch, case, shape):
+    """Tile shapes the planner may not pick, where one warpgroup skips tiles the other walks."""
+    grid, kernel, kw = case
+    layout = masks.neighborhood(grid, kernel, **kw).to_acsr()
+    planned = grid_tiles.grid_plan
+    monkeypatch.setattr(grid_tiles, "grid_plan", lambda windows: planned(windows, shape))
+    assert plan.fwd_variant(layout, 128, "bfloat16").tiles.k_tile == shape[1]
+    q, k, v, _ = _inputs(sum(grid), layout.q_len, 2, 1, jnp.bfloat16)
+    _check(layout, q, k, v, 128**-0.5, jnp.bfloat16)
+
+
+def test_sections_of_one_head(monkeypatch):
+    """The strided schedule in sections of one (batch, head) (at the benchmark's length on long
+    walks, four at a time), with GQA and two batch rows."""
+    monkeypatch.setattr(plan, "GRID_SECTION_BYTES", 1)
+    monkeypatch.setattr(plan, "GRID_SECTION_MIN_KEYS", 0)
+    layout = masks.neighborhood((24, 40), (7, 9), dilation=(1, 2)).to_acsr()
+    variant = plan.fwd_variant(layout, 128, "bfloat16")
+    assert variant.section_bytes == 1
+    q, k, v, _ = _inputs(11, layout.q_len, 4, 2, jnp.bfloat16)
+    _check(layout, q, k, v, 128**-0.5, jnp.bfloat16)
 
 
 def test_fully_masked_rows_give_zero():

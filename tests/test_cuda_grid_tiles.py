@@ -15,7 +15,7 @@ import re
 
 import numpy as np
 import pytest
-from cuda_cases import GRID_CASES
+from cuda_cases import GRID_CASES, GRID_SHAPE_CASES
 
 from jax_bindings._cuda import grid_tiles, plan
 from jax_bindings._cuda import source as gen
@@ -39,7 +39,28 @@ def _tables(p: grid_tiles.GridPlan):
 @pytest.mark.parametrize(("grid", "kernel", "kw"), PLAN_CASES, ids=lambda x: str(x).replace(" ", ""))
 def test_patches_cover_the_grid_and_tiles_cover_the_windows(grid, kernel, kw):
     layout = masks.neighborhood(grid, kernel, **kw).to_acsr()
-    p = grid_tiles.grid_plan(layout.grid)
+    _check_tables(layout, grid_tiles.grid_plan(layout.grid))
+
+
+@pytest.mark.parametrize(("case", "shape"), GRID_SHAPE_CASES, ids=lambda x: str(x).replace(" ", ""))
+def test_forced_shapes_give_tables_as_good(case, shape):
+    grid, kernel, kw = case
+    layout = masks.neighborhood(grid, kernel, **kw).to_acsr()
+    p = grid_tiles.grid_plan(layout.grid, shape)
+    assert (p.tiles.q_tile, p.tiles.k_tile) == shape
+    _check_tables(layout, p)
+
+
+def test_a_bad_forced_shape_is_named():
+    windows = masks.neighborhood((16, 20), 5).to_acsr().grid
+    for bad in [((1, 8, 8), (1, 8, 16)), ((1, 8, 16), (1, 3, 12)), ((1, 8, 16), (1, 1, 200)), (1, 2)]:
+        with pytest.raises(ValueError, match="shape must be"):
+            grid_tiles.grid_plan(windows, bad)
+
+
+def _check_tables(layout, p: grid_tiles.GridPlan) -> None:
+    """Every query in exactly one patch, every key a query sees in its patch's walked tiles on
+    its phase, the tiles marked interior seen by every query of the patch."""
     t = p.tiles
     assert p.tables.dtype == np.int32 and not p.tables.flags.writeable
     assert math.prod(t.q_tile) == grid_tiles.ROWS and t.k_tile[2] % 8 == 0 and t.block_n % 16 == 0
@@ -73,6 +94,15 @@ def test_the_benchmark_grids_get_the_modelled_tiles():
     assert (tiles.q_tile, tiles.k_tile, tiles.n_patches) == ((1, 8, 16), (1, 22, 8), 128)
     layout = masks.neighborhood((16, 32, 32), (5, 9, 9), is_causal=(True, False, False)).to_acsr()
     assert grid_tiles.grid_plan(layout.grid).tiles.q_tile == (2, 8, 8)
+
+
+def test_long_walks_take_heads_in_sections():
+    """Patches walking > GRID_SECTION_MIN_KEYS keys (63x63) take a few heads at a time; shorter
+    walks (15x15, 3-D) interleave every head."""
+    long = plan.fwd_variant(masks.neighborhood((128, 128), 63).to_acsr(), 128, "bfloat16")
+    short = plan.fwd_variant(masks.neighborhood((128, 128), 15).to_acsr(), 128, "bfloat16")
+    assert long.section_bytes == plan.GRID_SECTION_BYTES and short.section_bytes == 0
+    assert "const int first = w / (section * n_row_blocks) * section;" in long.named_source()[1]
 
 
 def test_refusals_name_why():

@@ -76,6 +76,14 @@ class GridPlan:
     tiles: GridTiles
     tables: np.ndarray = field(repr=False)
 
+    @property
+    def keys_per_patch(self) -> float:
+        """Keys a patch walks, on average (its tiles times their keys)."""
+        t = self.tiles
+        patches = self.tables[: AXES * t.pmax * 8].reshape(AXES, t.pmax, 8)
+        tiles = math.prod(int(patches[a, : t.patches[a], 2].sum()) for a in range(AXES))
+        return tiles * t.block_n / t.n_patches
+
 
 def _phase_ok(axis: GridAxis) -> bool:
     """Every query that sees a key sees keys on its own coordinate's phase (``x % dilation``):
@@ -157,11 +165,27 @@ def supported(windows: GridWindows) -> str | None:
     return None
 
 
+def _check_shape(shape, dilation) -> None:
+    """ValueError naming ``shape`` unless it is a ``(q_tile, k_tile)`` the kernel takes."""
+    ok = isinstance(shape, tuple) and len(shape) == 2 and all(
+        isinstance(t, tuple) and len(t) == AXES and all(type(x) is int and x > 0 for x in t) for t in shape)
+    if ok:
+        q, k = shape
+        ok = (math.prod(q) == ROWS and all(x & (x - 1) == 0 for x in q) and k[2] % 8 == 0
+              and math.prod(k) in BLOCK_NS
+              and all(max(a, b) * d <= MAX_BOX for a, b, d in zip(q, k, dilation, strict=True)))
+    if not ok:
+        raise ValueError(f"shape must be (q_tile, k_tile): 3 positive ints each, q_tile powers of two of "
+                         f"product {ROWS}, k_tile[2] a multiple of 8, prod(k_tile) in {BLOCK_NS}, "
+                         f"boxes of at most {MAX_BOX} coordinates; got {shape!r}")
+
+
 @functools.lru_cache(maxsize=64)
-def grid_plan(windows: GridWindows) -> GridPlan:
+def grid_plan(windows: GridWindows, shape: tuple | None = None) -> GridPlan:
     """The tiles and tables of the forward over ``windows`` (NotImplementedError where
     :func:`supported` says why not): the query patch and key tile of least modelled cost
-    (:func:`_cost`)."""
+    (:func:`_cost`), or the ``shape`` ``(q_tile, k_tile)`` given (3 coordinates each; for
+    tests and spikes; ValueError naming it where the kernel cannot take it)."""
     why = supported(windows)
     if why is not None:
         raise NotImplementedError(why)
@@ -169,19 +193,21 @@ def grid_plan(windows: GridWindows) -> GridPlan:
     grid = tuple(a.length for a in axes)
     dil = tuple(a.dilation for a in axes)
     sub = [-(-n // d) for n, d in zip(grid, dil, strict=True)]
+    if shape is not None:
+        _check_shape(shape, dil)
     best = None
     patches_of = functools.cache(lambda a, t: _axis_patches(axes[a], t))
     # patches longer than their axis only where the grid holds fewer than ROWS queries per phase
     caps = [1 << max(0, (s - 1).bit_length()) for s in sub]
     if not _shapes(ROWS, caps):
         caps = [MAX_BOX // d for d in dil]
-    for q_tile in _shapes(ROWS, caps):
+    for q_tile in _shapes(ROWS, caps) if shape is None else [shape[0]]:
         if any(q * d > MAX_BOX for q, d in zip(q_tile, dil, strict=True)):
             continue
         parts = [patches_of(a, t) for a, t in enumerate(q_tile)]
         counts = [np.array([p[2] for p in ps], np.int64) for ps in parts]
         longest = [int(c.max(initial=1)) for c in counts]
-        for k_tile in _key_tiles(dil, longest):
+        for k_tile in _key_tiles(dil, longest) if shape is None else [shape[1]]:
             cost = _cost(counts, k_tile)
             if best is None or cost < best[0]:
                 best = (cost, q_tile, k_tile, parts)

@@ -66,17 +66,18 @@ class FwdVariant:
 class GridFwdVariant:
     """The forward kernel on a grid layout's spatial tiles (:mod:`jax_bindings._cuda.grid_tiles`):
     the tiles baked in, the K/V ring depth and the schedule (``"strided"``: every patch walks
-    about as far)."""
+    about as far; ``section_bytes`` > 0: a few heads at a time, :data:`GRID_SECTION_BYTES`)."""
 
     tiles: grid_tiles.GridTiles
     dtype: str
     stages: int = 2
     schedule: str = "strided"
+    section_bytes: int = 0
 
     def named_source(self) -> tuple[str, str]:
         return source.with_unique_name(source.source(
             None, None, stages=self.stages, block_n=self.tiles.block_n, dtype=self.dtype,
-            schedule=self.schedule, grid=self.tiles))
+            schedule=self.schedule, section_bytes=self.section_bytes, grid=self.tiles))
 
     @property
     def smem(self) -> int:
@@ -161,13 +162,24 @@ def offered_bwd_variant(layout: ACSR, head_dim: int, dtype: str, runtime: str = 
 QUEUE_SECTION_BYTES = 16 << 20
 
 
+# K/V bytes of the heads the grid forward's strided schedule takes at a time (a section), where a
+# patch walks more than GRID_SECTION_MIN_KEYS keys: there the patches of every head running at
+# once do not share L2 (63x63 on 128x128, 4860 keys a patch: 1.15x with sections of 4 heads at
+# S = 16384, against 1, 2, 8 and all 16 interleaved); with shorter walks (3-D (5, 9, 9), 1176;
+# 15x15, 660) all heads interleaved measured as fast or 3% faster (NOTES.md, session 15).
+GRID_SECTION_BYTES = 32 << 20
+GRID_SECTION_MIN_KEYS = 4096
+
+
 def grid_fwd_variant(layout: ACSR, head_dim: int, dtype: str, runtime: str = "") -> GridFwdVariant:
     """The forward kernel on the grid layout ``layout``, or NotImplementedError saying why none
     is generated (a runtime mask, or geometry :func:`grid_tiles.supported` refuses)."""
     _check_call(head_dim, dtype)
     if runtime:
         raise NotImplementedError("the cuda grid forward takes no runtime mask")
-    return GridFwdVariant(grid_tiles.grid_plan(layout.grid).tiles, dtype)
+    p = grid_tiles.grid_plan(layout.grid)
+    section = GRID_SECTION_BYTES if p.keys_per_patch > GRID_SECTION_MIN_KEYS else 0
+    return GridFwdVariant(p.tiles, dtype, section_bytes=section)
 
 
 def fwd_variant(layout: ACSR, head_dim: int, dtype: str, runtime: str = "") -> FwdVariant | GridFwdVariant:

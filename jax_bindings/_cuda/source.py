@@ -340,7 +340,8 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   // Work tiles are (row block, head, batch), longest walks first. A CTA of the strided schedule
   // takes every gridDim.x-th one, of the queue the one its ticket names; otherwise a CTA owns the
   // one its block index names.
-  // queue: (batch, head)s per section, as many as SECTION_BYTES of K and V hold (at least one)
+  // queue, strided with sections: (batch, head)s per section, as many as SECTION_BYTES of K and
+  // V hold (at least one)
   const int section =
       (int)max(1LL, min((long long)(H * B), __SECTION_BYTES__LL / (4LL * HD * max(Skv, 1))));
   // q_end, kv_end: the batch row's query and key lengths; keys [in_lo, in_hi) are seen by
@@ -356,16 +357,16 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   auto work = [&](int w) {
     Work x;
     int mb;
-    if (SCHEDULE == 1) {
+    if (SCHEDULE == 1 && __SECTION_BYTES__ == 0) {
       // strided: heads interleaved, so that each CTA's static share mixes long and short walks
       const int hb = w % (H * B);
       mb = n_row_blocks - 1 - w / (H * B);
       x.h = hb % H;
       x.b = hb / H;
-    } else if (SCHEDULE == 2) {
-      // queue: sections of `section` (batch, head)s one after another, so the CTAs running at
-      // once share the section's K/V in L2; within a section, longest walks first across its
-      // heads (a row block of each head, then the next row block)
+    } else if (SCHEDULE != 0) {
+      // queue (and strided with sections): sections of `section` (batch, head)s one after
+      // another, so the CTAs running at once share the section's K/V in L2; within a section,
+      // longest walks first across its heads (a row block of each head, then the next row block)
       const int first = w / (section * n_row_blocks) * section;
       const int size = min(section, H * B - first), r = w - first * n_row_blocks;
       const int hb = first + r % size;
@@ -574,6 +575,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   // grid: the work tile's patch (Work's g* fields), this thread's rows' windows per axis
   int gfirst[3] = {0, 0, 0}, gnt[3] = {1, 1, 1}, glo[3] = {0, 0, 0}, ghi[3] = {0, 0, 0};
   int win_lo[2][3], win_span[2][3];
+  int gtile[3] = {0, 0, 0};  // grid: the indices of the next key tile the softmax takes
   float o[64], sc[SN];  // sc: this thread's BN / 2 scores of its two rows
   uint32_t p[SN / 2];
   float mx[2], sum[2], corr[2];
@@ -608,8 +610,16 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     if (RIGHT < __UNBOUNDED__) edge |= n0 + BN - 1 > m0 + RIGHT;
     if (RT == 2) edge |= n0 < in_lo || n0 + BN > in_hi;
     if (GRID) {
-      int i[3];
-      tile_index(t, gnt[1], gnt[2], i);
+      // tile t's indices; the softmax takes a patch's tiles in order, so they advance by one
+      // (no division by the patch's tile counts)
+      const int i[3] = {gtile[0], gtile[1], gtile[2]};
+      if (++gtile[2] == gnt[2]) {
+        gtile[2] = 0;
+        if (++gtile[1] == gnt[1]) {
+          gtile[1] = 0;
+          ++gtile[0];
+        }
+      }
       edge = false;
 #pragma unroll
       for (int a = 0; a < 3; ++a) edge |= i[a] < glo[a] || i[a] >= ghi[a];
@@ -697,6 +707,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   if (GRID) {
 #pragma unroll
     for (int a = 0; a < 3; ++a) {
+      gtile[a] = 0;
       gfirst[a] = x.gfirst[a];
       gnt[a] = x.gnt[a];
       glo[a] = x.glo[a];
@@ -952,12 +963,14 @@ def source(left: int | None, right: int | None, *, stages: int = 2, overlap: boo
     ``"strided"`` each takes every ``gridDim.x``-th one, with ``"queue"`` the next one by ticket
     from the counter ``sem`` (zeroed before the launch). Those two need ``feed="tma"``: the
     producer loads Q by TMA too, the next tile's Q and K/V while the consumers finish the last
-    one, and the maps are published once a CTA. ``section_bytes`` (queue only): the queue takes
+    one, and the maps are published once a CTA. ``section_bytes``: the queue takes
     (batch, head)s in sections of as many as ``section_bytes`` of K and V hold at the call's
     ``Skv`` (at least one), a section after another; within one, longest walks first across its
-    heads. 0 (the default): one (batch, head) after another. ``runtime`` (:data:`RUNTIMES`): the
-    runtime mask the kernel ANDs with the band: ``"lengths"``, padding (queries at or past
-    ``q_len`` get ``out = 0``, ``lse = -inf``; keys at or past ``kv_len`` are never seen);
+    heads. 0 (the default): one (batch, head) after another. The strided schedule takes work
+    tiles in the same order when ``section_bytes`` > 0; with 0, every (batch, head) interleaved.
+    ``runtime`` (:data:`RUNTIMES`): the runtime mask the kernel ANDs with the band:
+    ``"lengths"``, padding (queries at or past ``q_len`` get ``out = 0``, ``lse = -inf``; keys
+    at or past ``kv_len`` are never seen);
     ``"ids"``, padding and segment ids (a query sees a key of its own id), with the key range of
     each row block from ``rt_ranges`` (:func:`jax_bindings._cuda.runtime_tables.fwd_arrays`).
     ``grid`` (a :class:`jax_bindings._cuda.grid_tiles.GridTiles`, with ``left = right = None``):
