@@ -102,7 +102,8 @@ def test_long_walks_take_heads_in_sections():
     long = plan.fwd_variant(masks.neighborhood((128, 128), 63).to_acsr(), 128, "bfloat16")
     short = plan.fwd_variant(masks.neighborhood((128, 128), 15).to_acsr(), 128, "bfloat16")
     assert long.section_bytes == plan.GRID_SECTION_BYTES and short.section_bytes == 0
-    assert "const int first = w / (section * n_row_blocks) * section;" in long.named_source()[1]
+    assert f"SCHEDULE == 1 && {plan.GRID_SECTION_BYTES} == 0" in long.named_source()[1]
+    assert "SCHEDULE == 1 && 0 == 0" in short.named_source()[1]
 
 
 def test_refusals_name_why():
