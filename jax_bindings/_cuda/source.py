@@ -274,6 +274,32 @@ __device__ __forceinline__ uint64_t desc_at(uint64_t d, uint32_t bytes) {
 __device__ __forceinline__ uint32_t swz(int r, int j, int rows) {
   return (uint32_t)((j >> 3) * rows * 128 + r * 128 + (((j & 7) ^ (r & 7)) << 4));
 }
+// Column masks of the grid's edge tiles: a thread's scores in a row are BN / 4 columns, bit
+// 2 g + b standing for column 8 g + b (plus the lane's 2 (lane % 4)), in the narrowest word.
+template <bool WIDE> struct MaskWord { typedef uint32_t T; };
+template <> struct MaskWord<true> { typedef uint64_t T; };
+// a word with bits [n, width) set, 0 <= n <= width (PTX's shift takes n = width)
+__device__ __forceinline__ uint32_t bits_from(uint32_t, int n) {
+  uint32_t y;
+  asm("shl.b32 %0, %1, %2;" : "=r"(y) : "r"(~0u), "r"(n));
+  return y;
+}
+__device__ __forceinline__ uint64_t bits_from(uint64_t, int n) {
+  uint64_t y;
+  asm("shl.b64 %0, %1, %2;" : "=l"(y) : "l"(~0ull), "r"(n));
+  return y;
+}
+// The bits of the columns whose coordinate l along an axis has 0 <= off + l < span, where l
+// is constant over runs of RUN bits and takes KT values, repeating every KT RUN bits up to W.
+// l's range is [lo, hi): two shifts, whatever the run.
+template <typename T, int KT, int RUN, int W> __device__ __forceinline__ T run_bits(int off, int span) {
+  const int lo = min(max(-off, 0), KT);
+  const int hi = min(max(span - off, lo), KT);
+  T rep = 0;
+#pragma unroll
+  for (int j = 0; j < W; j += KT * RUN) rep |= T(1) << j;
+  return (bits_from(T(0), lo * RUN) & ~bits_from(T(0), hi * RUN)) * rep;
+}
 // two fp32 values rounded to the element type (__ELEM__), `lo` in the low half
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   uint32_t v;
@@ -296,6 +322,9 @@ constexpr int QT0 = __QT0__, QT1 = __QT1__, QT2 = __QT2__, KT0 = __KT0__, KT1 = 
 constexpr int GP0 = __GP0__, GP1 = __GP1__, GP2 = __GP2__, GPMAX = __GPMAX__, GNMAX = __GNMAX__;
 static_assert(!GRID || (QT0 * QT1 * QT2 == BM && KT0 * KT1 * KT2 == BN && KT2 % 8 == 0),
               "a query patch is a row block, a key tile BN keys with whole 8-column groups on the last axis");
+// grid: a thread's columns of a row as bits (MaskWord), BN / 4 of them
+constexpr int GW = BN / 4;
+typedef typename MaskWord<(GW > 32)>::T GridBits;
 constexpr bool PERSISTENT = SCHEDULE != 0;  // one CTA per SM looping over work tiles, Q by TMA
 constexpr int FEED = __FEED__;  // 0: cp.async, 1: TMA, 2: none (a timing experiment)
 constexpr bool PROXY_FENCE = __PROXY_FENCE__;
@@ -572,9 +601,15 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   int m0 = 0, t0 = 0, rows[2] = {0, 0};
   // the current work tile's key length and id-free keys (Work), this thread's rows' segment ids
   int kv_end = Skv, in_lo = 0, in_hi = Skv, row_id[2] = {0, 0};
-  // grid: the work tile's patch (Work's g* fields), this thread's rows' windows per axis
+  // grid: the work tile's patch (Work's g* fields); this thread's rows' windows per axis (first
+  // key, end), as loaded: what derives from them is computed under the first tile's products,
+  // so that the load's latency is too; the bits of this thread's columns (MaskWord) each axis
+  // lets through, per row, for the tile index along the axis in gbits_at (-1: none yet this
+  // patch)
   int gfirst[3] = {0, 0, 0}, gnt[3] = {1, 1, 1}, glo[3] = {0, 0, 0}, ghi[3] = {0, 0, 0};
-  int win_lo[2][3], win_span[2][3];
+  int2 win[2][3] = {};
+  GridBits gbits[3][2];
+  int gbits_at[3] = {-1, -1, -1};
   int gtile[3] = {0, 0, 0};  // grid: the indices of the next key tile the softmax takes
   float o[64], sc[SN];  // sc: this thread's BN / 2 scores of its two rows
   uint32_t p[SN / 2];
@@ -601,6 +636,68 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) wgmma_rs___D__(o, p + 4 * kk, desc_at(v_desc, kk * 16 * 128));
   };
+  // grid: whether the next key tile of the walk is an edge tile, and then per axis and row the
+  // bits of this thread's columns its queries see (gbits); called before the tile's products
+  // are waited on, so that this runs under them
+  bool gedge = false;
+  auto grid_mask = [&]() {
+    if (!GRID) return;
+    // the tile's indices; tiles are taken in order, so they advance by one (no division by
+    // the patch's tile counts)
+    const int i[3] = {gtile[0], gtile[1], gtile[2]};
+    if (++gtile[2] == gnt[2]) {
+      gtile[2] = 0;
+      if (++gtile[1] == gnt[1]) {
+        gtile[1] = 0;
+        ++gtile[0];
+      }
+    }
+    gedge = false;
+#pragma unroll
+    for (int a = 0; a < 3; ++a) gedge |= i[a] < glo[a] || i[a] >= ghi[a];
+    // row r's window along axis a in steps of its dilation d (the box and the window lie on the
+    // row's phase, so their distance is a multiple of d): the tile's first key less the
+    // window's first, and the window's length
+    auto off = [&](int r, int a, int d, int kt) { return (gfirst[a] - win[r][a].x) / d + i[a] * kt; };
+    auto span = [&](int r, int a, int d) { return (win[r][a].y - win[r][a].x + d - 1) / d; };
+    if (gedge) {
+      // key (column) c of the tile sits at the box's origin plus (c / (KT1 KT2), c / KT2 % KT1,
+      // c % KT2) times the dilations; a thread's columns are 2 (lane % 4) plus 8 g + b
+      // (bit 2 g + b of a row's GridBits), and with KT2 a multiple of 8 the lane's part stays
+      // on the last axis. Along axes 0 and 1 a column's coordinate is constant over runs of
+      // bits, so the axis lets a range of runs through; along axis 2 the KT2 / 4 bits of a
+      // period are compared one by one. An axis's bits are recomputed only where the tile
+      // moved along it.
+      if (i[0] != gbits_at[0]) {
+        gbits_at[0] = i[0];
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          gbits[0][r] = run_bits<GridBits, KT0, KT1 * KT2 / 4, GW>(off(r, 0, GD0, KT0), span(r, 0, GD0));
+      }
+      if (i[1] != gbits_at[1]) {
+        gbits_at[1] = i[1];
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          gbits[1][r] = run_bits<GridBits, KT1, KT2 / 4, GW>(off(r, 1, GD1, KT1), span(r, 1, GD1));
+      }
+      if (i[2] != gbits_at[2]) {
+        gbits_at[2] = i[2];
+        GridBits rep = 0;
+#pragma unroll
+        for (int j = 0; j < GW; j += KT2 / 4) rep |= GridBits(1) << j;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int o2 = off(r, 2, GD2, KT2) + 2 * (lane % 4), s2 = span(r, 2, GD2);
+          GridBits period = 0;
+#pragma unroll
+          for (int k = 0; k < KT2 / 4; ++k)
+            if ((uint32_t)(o2 + 8 * (k / 2) + k % 2) < (uint32_t)s2)
+              period |= GridBits(1) << k;
+          gbits[2][r] = period * rep;
+        }
+      }
+    }
+  };
   // mask, running max and sum; sc becomes exp2(s * scale_log2 - max), corr the rescale of o
   // (tile n0 in stage s: with segment ids, its keys' ids are in the stage's slot)
   auto softmax = [&](int t, int s) {
@@ -610,38 +707,14 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     if (RIGHT < __UNBOUNDED__) edge |= n0 + BN - 1 > m0 + RIGHT;
     if (RT == 2) edge |= n0 < in_lo || n0 + BN > in_hi;
     if (GRID) {
-      // tile t's indices; the softmax takes a patch's tiles in order, so they advance by one
-      // (no division by the patch's tile counts)
-      const int i[3] = {gtile[0], gtile[1], gtile[2]};
-      if (++gtile[2] == gnt[2]) {
-        gtile[2] = 0;
-        if (++gtile[1] == gnt[1]) {
-          gtile[1] = 0;
-          ++gtile[0];
-        }
-      }
-      edge = false;
-#pragma unroll
-      for (int a = 0; a < 3; ++a) edge |= i[a] < glo[a] || i[a] >= ghi[a];
+      edge = gedge;
       if (edge) {
-        // key (column) c of the tile sits at the box's origin plus (c / (KT1 KT2), c / KT2 % KT1,
-        // c % KT2) times the dilations; a thread's columns are 2 (lane % 4) plus constants, and
-        // with KT2 a multiple of 8 the lane's part stays on the last axis
-        const int o[3] = {gfirst[0] + i[0] * KT0 * GD0, gfirst[1] + i[1] * KT1 * GD1,
-                          gfirst[2] + (i[2] * KT2 + 2 * (lane % 4)) * GD2};
-        int off[2][3];
 #pragma unroll
-        for (int r = 0; r < 2; ++r)
+        for (int r = 0; r < 2; ++r) {
+          const GridBits seen = gbits[0][r] & gbits[1][r] & gbits[2][r];
 #pragma unroll
-          for (int a = 0; a < 3; ++a) off[r][a] = o[a] - win_lo[r][a];
-#pragma unroll
-        for (int e = 0; e < SN; ++e) {
-          const int c = (e / 4) * 8 + (e % 2), r = (e / 2) % 2;
-          const int l2 = c % KT2, l1 = c / KT2 % KT1, l0 = c / (KT2 * KT1);
-          const bool ok = (uint32_t)(off[r][2] + l2 * GD2) < (uint32_t)win_span[r][2] &&
-                          (uint32_t)(off[r][1] + l1 * GD1) < (uint32_t)win_span[r][1] &&
-                          (uint32_t)(off[r][0] + l0 * GD0) < (uint32_t)win_span[r][0];
-          if (!ok) sc[e] = NEG_INF;
+          for (int k = 0; k < GW; ++k)
+            if (!((seen >> k) & 1)) sc[4 * (k / 2) + 2 * r + k % 2] = NEG_INF;
         }
       }
     } else if (edge) {
@@ -712,6 +785,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
       gnt[a] = x.gnt[a];
       glo[a] = x.glo[a];
       ghi[a] = x.ghi[a];
+      gbits_at[a] = -1;
     }
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -721,9 +795,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
       const bool live = c[0] < GN0 && c[1] < GN1 && c[2] < GN2;
 #pragma unroll
       for (int a = 0; a < 3; ++a) {
-        const int2 wv = live ? __ldg(grid_windows + a * GNMAX + c[a]) : make_int2(0, 0);
-        win_lo[i][a] = wv.x;
-        win_span[i][a] = wv.y - wv.x;
+        win[i][a] = live ? __ldg(grid_windows + a * GNMAX + c[a]) : make_int2(0, 0);
       }
       rows[i] = live ? (c[0] * GN1 + c[1]) * GN2 + c[2] : Sq;
     }
@@ -769,6 +841,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     qk(stage(0));
     wgmma_commit();
     turn_pass(false);
+    grid_mask();
     wgmma_wait<0>();
     fence_regs<SN>(sc);
     release_k(stage(0), false);
@@ -787,6 +860,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
       pv(sp);
       wgmma_commit();
       turn_pass(false);
+      grid_mask();
       wgmma_wait<1>();
       fence_regs<SN>(sc);
       release_k(s, false);
@@ -821,6 +895,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
       qk(s);
       wgmma_commit();
       turn_pass(false);
+      grid_mask();
       wgmma_wait<0>();
       fence_regs<SN>(sc);
       release_k(s, false);
