@@ -72,6 +72,8 @@ def _args(argv=None) -> argparse.Namespace:
     p.add_argument("--cache-dir", help="use (and keep) this folder instead of a fresh temporary one")
     p.add_argument("--timeout", type=float, default=580.0, help="seconds per child process")
     p.add_argument("--out", help="write the JSON report here")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="per run, the N functions longest in the first forward+backward (cProfile)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--jax-cache", help=argparse.SUPPRESS)  # child: JAX compilation cache folder
     return p.parse_args(argv)
@@ -116,6 +118,16 @@ class _Clock:
     @staticmethod
     def delta(after: dict, before: dict) -> dict:
         return {k: round(after[k] - before[k], 4) for k in after}
+
+
+def _longest(prof, n: int) -> list[dict]:
+    """The ``n`` functions of a cProfile run with the longest cumulative times."""
+    import pstats
+
+    stats = pstats.Stats(prof).stats
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][3])[:n]
+    return [{"fn": f"{os.path.basename(f)}:{line}:{name}", "calls": nc, "self_s": round(tt, 4),
+             "cum_s": round(ct, 4)} for (f, line, name), (_, nc, tt, ct, _) in rows]
 
 
 def _timed(fn):
@@ -196,7 +208,14 @@ def _child(a: argparse.Namespace) -> dict:
     rec["fwd_ready_s"] = time.perf_counter() - t_work  # analysis + first forward
     s2 = clock.snapshot()
     g = grad_fn(mask)
-    _, rec["fwdbwd_first_s"] = _timed(lambda: jax.block_until_ready(g(q, k, v)))
+    if a.profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+        _, rec["fwdbwd_first_s"] = _timed(lambda: prof.runcall(lambda: jax.block_until_ready(g(q, k, v))))
+        rec["profile_fwdbwd"] = _longest(prof, a.profile)
+    else:
+        _, rec["fwdbwd_first_s"] = _timed(lambda: jax.block_until_ready(g(q, k, v)))
     rec["total_s"] = time.perf_counter() - t_work
     s3 = clock.snapshot()
     rec["split"] = {

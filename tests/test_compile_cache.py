@@ -322,13 +322,13 @@ def test_installer_leaves_an_unknown_jax_triton_alone(monkeypatch, caplog, edit,
 # -- the benchmark, tiny ------------------------------------------------------------------------
 
 
-def _run_benchmark(tmp_path, runs: str) -> tuple[dict, str]:
+def _run_benchmark(tmp_path, runs: str, *extra: str) -> tuple[dict, str]:
     out = tmp_path / "ct.json"
     cmd = [
         sys.executable,
         str(ROOT / "benchmarks" / "compile_time.py"),
         *("--seq", "256", "--heads", "2", "--head-dim", "16", "--dtype", "float32", "--small-seq", "128"),
-        *("--backend", "jax", "--runs", runs, "--out", str(out)),
+        *("--backend", "jax", "--runs", runs, "--out", str(out), *extra),
     ]
     env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
     env["JAX_PLATFORMS"] = "cpu"
@@ -349,10 +349,14 @@ def _run_benchmark(tmp_path, runs: str) -> tuple[dict, str]:
 
 
 def test_compile_time_benchmark_runs_tiny_on_cpu(tmp_path):
-    rep, _ = _run_benchmark(tmp_path, "cold")
+    rep, _ = _run_benchmark(tmp_path, "cold", "--profile", "5")
     (cold,) = rep["runs"]
     assert cold["split"]["fwd"]["xla_compile_s"] > 0  # the forward compiled (XLA only on CPU)
     assert cold["jax_cache"] and cold["split"]["fwd"]["jax_cache_misses"] >= 1
+    longest = cold["profile_fwdbwd"]  # what the first forward+backward spent its time in
+    cums = [r["cum_s"] for r in longest]
+    assert len(longest) == 5 and cums == sorted(cums, reverse=True)
+    assert all(r["calls"] >= 1 and r["self_s"] >= 0 for r in longest)
 
 
 @pytest.mark.slow

@@ -43,7 +43,7 @@ from jax.interpreters import mlir
 from acsr import ACSR
 from jax_bindings import _kernel_proto, _pure
 from jax_bindings._triton import cache as _cache
-from jax_bindings._triton import ops
+from jax_bindings._triton import first_call, ops
 from jax_bindings._triton.spec import transpose_slots, transposed
 
 # jax_triton 0.3.x sets TRITON_CACHE_DIR="" at import, for the whole process: every later
@@ -186,6 +186,7 @@ def _install_module_images() -> bool:
         return False
 
     def lowering(ctx, *args, **params):
+        first_call.specialize_without_torch()
         results = base(ctx, *args, **params)
         fn = getattr(params.get("fn"), "fn", None)
         if not getattr(fn, "__module__", "").startswith("_splat_kernel_") or not results:
