@@ -58,6 +58,7 @@ def main() -> None:
         print(f"{name:18s} 7 kernels ok (fused vs unfused {err:.1e})")
     print(f"{launched} launches over {len(CASES)} layouts")
     print(f"{tuned_configs()} launches of the tuned tile configs")
+    print(f"{wide_heads()} launches at head dim 256 (their default tiles)")
     print(f"{runtime_masks()} launches with runtime masks and a soft cap")
     print(f"{grid_layouts()} launches of the grid (N-D neighborhood) kernels")
 
@@ -110,6 +111,23 @@ def runtime_masks() -> int:
         _fused(f"{name}/{kind}", cf, cq, ck, q, k, v, do, rq, rk)
         launched += 3
         print(f"{name:18s} {kind:13s} 3 kernels ok")
+    return launched
+
+
+def wide_heads() -> int:
+    """The fused kernels with their default tiles at head dim 256 (bf16 and fp16), on three layouts
+    of odd size; returns launches."""
+    launched = 0
+    for name in ("window", "dilated", "random"):
+        layout = _layout(name, 300, 300)
+        arrays = _inputs(layout, seed=3, H=2, Hkv=1, D=256, dtype=np.float16)
+        for dtype in ("bfloat16", "float16"):
+            q, k, v, do = (torch.from_numpy(a).cuda().to(getattr(torch, dtype)) for a in arrays)
+            cf = cg.fwd_call(layout, q.shape, k.shape, dtype, 256**-0.5)
+            _fused(f"{name} D=256 {dtype}", cf, *cg.bwd_calls(layout, q.shape, k.shape, dtype, 256**-0.5),
+                   q, k, v, do)
+            launched += 3
+        print(f"{name:18s} head dim 256 ok")
     return launched
 
 

@@ -214,7 +214,8 @@ def test_tiles_for_without_tuning_module_uses_heuristics(monkeypatch):
     monkeypatch.delattr(jax_bindings, "_tuning", raising=False)
     lay = _window(256, 20)
     assert spec.tiles_for("fwd", lay, 64, "bfloat16") == Tiles(64, 64, 4, 3)
-    assert spec.tiles_for("fwd", lay, 256, "bfloat16") == Tiles(64, 32, 8, 1)
+    assert spec.tiles_for("fwd", lay, 256, "bfloat16") == Tiles(128, 64, 8, 2)  # wide heads (NOTES)
+    assert spec.tiles_for("fwd", lay, 256, "float32") == Tiles(64, 32, 8, 1)
     assert spec.tiles_for("fwd", lay, 64, "float32") == Tiles(64, 32, 4, 3)
 
 

@@ -49,6 +49,7 @@ def _err(got, want):
         ("global_window", 300, 2, 2, 128, "bfloat16"),
         ("random", 200, 2, 2, 64, "float16"),
         ("masked_rows", 130, 2, 2, 256, "bfloat16"),
+        ("window", 300, 2, 1, 256, "float16"),
     ],
 )
 def test_fused_gpu(name, S, H, Hkv, D, dtype):

@@ -260,6 +260,10 @@ _LONG_TILES = {"fwd": (128, 128, 8, 3), "bwd_dq": (128, 64, 8, 3)}
 # 403 vs 368 TF/s), see NOTES.md.
 _TALL_TILES = {"fwd": (128, 64, 8, 3)}
 _TALL_MIN_COVER = 0.97
+# Head dims over 128 in 16-bit types: sliding window (256, 256) at D = 256, S = 8192 / 16384,
+# H100 (splat tune, NOTES.md session 16): the forward 2.3x faster on 128x64x8x2 than on
+# 64x32x8x1, dK/dV 1.16x on 64x64x8x2; dQ's larger tiles exceed shared memory.
+_WIDE_HEAD_TILES = {"fwd": (128, 64, 8, 2), "bwd_dq": (64, 32, 8, 1), "bwd_dkdv": (64, 64, 8, 2)}
 
 
 def default_tiles(
@@ -278,7 +282,8 @@ def default_tiles(
     if dtype == "float32":  # exact (ieee) fp32 dots: smaller tiles compile and run far better
         bm, bn, w = min(bm, 64), min(bn, 32), 4
     if head_dim > 128:
-        bm, bn, w, st = min(bm, 64), min(bn, 32), 8, 1
+        wide = op in _WIDE_HEAD_TILES and dtype != "float32"
+        bm, bn, w, st = _WIDE_HEAD_TILES[op] if wide else (min(bm, 64), min(bn, 32), 8, 1)
     return Tiles(bm, bn, w, st)
 
 
