@@ -36,6 +36,17 @@ def test_pruning_drops_register_spills():
     assert Tiles(128, 128, 8, 3) in cost.candidates("fwd", 128)
 
 
+def test_pruning_counts_dqs_resident_q_and_do():
+    # on an H100 at D = 256 these dq configs asked for 256 KiB of shared memory and did not launch
+    for t in (Tiles(128, 64, 8, 2), Tiles(64, 64, 4, 3)):
+        assert cost.resources("bwd_dq", t, 256).smem == 262144
+        assert t not in cost.candidates("bwd_dq", 256)
+    # the D = 256 defaults fit (they ran: NOTES.md session 16)
+    for op in cost.OP_MATMULS:
+        d = default_tiles(op, 256, "bfloat16")
+        assert cost.resources(op, d, 256).smem <= cost.SMEM_BYTES
+
+
 def test_model_prefers_tight_tiles_on_a_narrow_window():
     # a 64-key causal window: 128x128 tiles walk ~4x the pairs that 64x32 ones do
     layout = masks.sliding_window(63, 0).to_acsr(4096)

@@ -63,8 +63,11 @@ def resources(op: str, tiles: Tiles, head_dim: int, itemsize: int = 2) -> Resour
     """Shared memory and registers per thread of one program of ``op`` with ``tiles``."""
     bm, bn, w, st, _ = tiles
     d = padded_head_dim(head_dim)
-    # K and V tiles of every pipeline stage, plus the resident Q (dk/dv: resident K and V, Q/dO staged)
-    smem = st * 2 * bn * d * itemsize + bm * d * itemsize * (2 if op == "bwd_dkdv" else 1)
+    # the staged tiles of every pipeline stage (K and V; dk/dv: Q and dO), plus the resident ones (the
+    # forward's Q; dq: Q and dO; dk/dv: K and V). dq's two resident tiles: at D = 256 its 128x64x8x2
+    # and 64x64x4x3 configs asked for 256 KiB and failed to launch (NOTES.md session 16)
+    resident = 2 if op in ("bwd_dq", "bwd_dkdv") else 1
+    smem = st * 2 * bn * d * itemsize + resident * bm * d * itemsize
     fp32 = _SCORE_TILES[op] * bm * bn + _ACC_TILES[op] * bm * d
     regs = math.ceil(fp32 / (w * 32)) + _REG_OVERHEAD
     return Resources(int(smem), int(regs))
