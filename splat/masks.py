@@ -35,7 +35,10 @@ from acsr import ACSR
 
 Runs = tuple[np.ndarray, np.ndarray, np.ndarray]  # (base, stride, count), each int64 [q_len, K]
 
-_CHUNK_ELEMS = 1 << 24  # predicate chunks hold at most this many (row, column) pairs
+# predicate chunks hold at most this many (row, column) pairs: small enough that a predicate's
+# temporaries stay in cache (a NATTEN predicate at 128x128: 0.8 s with 2^20, 2.8 s with 2^24;
+# NOTES.md session 16), large enough that the per-chunk analysis stays a small part
+_CHUNK_ELEMS = 1 << 20
 
 
 class Mask:
