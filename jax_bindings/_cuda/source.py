@@ -289,16 +289,21 @@ __device__ __forceinline__ uint64_t bits_from(uint64_t, int n) {
   asm("shl.b64 %0, %1, %2;" : "=l"(y) : "l"(~0ull), "r"(n));
   return y;
 }
+// the first bit of every period of P bits in a word of W: a pattern of one period times this
+// is the pattern repeated
+template <typename T, int P, int W> __device__ __forceinline__ T period_starts() {
+  T starts = 0;
+#pragma unroll
+  for (int j = 0; j < W; j += P) starts |= T(1) << j;
+  return starts;
+}
 // The bits of the columns whose coordinate l along an axis has 0 <= off + l < span, where l
 // is constant over runs of RUN bits and takes KT values, repeating every KT RUN bits up to W.
 // l's range is [lo, hi): two shifts, whatever the run.
 template <typename T, int KT, int RUN, int W> __device__ __forceinline__ T run_bits(int off, int span) {
   const int lo = min(max(-off, 0), KT);
   const int hi = min(max(span - off, lo), KT);
-  T rep = 0;
-#pragma unroll
-  for (int j = 0; j < W; j += KT * RUN) rep |= T(1) << j;
-  return (bits_from(T(0), lo * RUN) & ~bits_from(T(0), hi * RUN)) * rep;
+  return (bits_from(T(0), lo * RUN) & ~bits_from(T(0), hi * RUN)) * period_starts<T, KT * RUN, W>();
 }
 // two fp32 values rounded to the element type (__ELEM__), `lo` in the low half
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
@@ -682,9 +687,6 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
       }
       if (i[2] != gbits_at[2]) {
         gbits_at[2] = i[2];
-        GridBits rep = 0;
-#pragma unroll
-        for (int j = 0; j < GW; j += KT2 / 4) rep |= GridBits(1) << j;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int o2 = off(r, 2, GD2, KT2) + 2 * (lane % 4), s2 = span(r, 2, GD2);
@@ -693,7 +695,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
           for (int k = 0; k < KT2 / 4; ++k)
             if ((uint32_t)(o2 + 8 * (k / 2) + k % 2) < (uint32_t)s2)
               period |= GridBits(1) << k;
-          gbits[2][r] = period * rep;
+          gbits[2][r] = period * period_starts<GridBits, KT2 / 4, GW>();
         }
       }
     }
