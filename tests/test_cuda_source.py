@@ -73,14 +73,28 @@ def test_every_variant_gets_its_own_kernel_name():
 
 
 def test_shared_memory_fits_the_variants_built():
-    """Every schedule has the same layout: the queue's two ticket slots and their four mbarriers
-    fit in the 128 bytes the ring's mbarriers were padded to with 2 stages (with 3: 256, was 128)."""
+    """Every schedule has the same layout: the ring's mbarriers, two Q slots' and the queue's two
+    ticket slots' mbarriers and the tickets fit in 256 bytes with 2 or 3 stages; a second Q tile
+    (32 KiB) fits beside two stages of 128-key tiles, not of 176."""
     limit = gen.SMEM_LIMIT
     assert limit == 232448  # bytes a block may opt into on sm_90
-    assert gen.smem_bytes(2, 176) == 214528 and gen.smem_bytes(2, 128) == 165376
+    assert gen.smem_bytes(2, 176) == 214656 and gen.smem_bytes(2, 128) == 165504
     assert gen.smem_bytes(3, 128) == 231040 <= limit
     assert gen.smem_bytes(3, 176) > limit  # the spike skips it
-    assert "BAR_BYTES = 256;" in gen.source(None, None, stages=3)  # the kernel lays out what is counted
+    assert gen.smem_bytes(2, 128, q_stages=2) == 165504 + 32768 <= limit
+    assert gen.smem_bytes(2, 176, q_stages=2) > limit
+    for stages in (2, 3):  # the kernel lays out what is counted
+        assert "BAR_BYTES = 256;" in gen.source(None, None, stages=stages)
+
+
+def test_two_q_tiles_need_a_persistent_schedule():
+    """``q_stages=2`` is baked in for the persistent schedules and refused, by name, for the grid
+    launch (whose consumers load Q themselves) and for any other count."""
+    assert "Q_STAGES = 2;" in gen.source(255, 255, schedule="strided", q_stages=2)
+    assert "Q_STAGES = 1;" in gen.source(255, 255, schedule="strided")
+    for schedule, q_stages in (("grid", 2), ("queue", 3), ("strided", 0)):
+        with pytest.raises(ValueError, match="q_stages"):
+            gen.source(255, 255, schedule=schedule, q_stages=q_stages)
 
 
 def test_every_schedule_has_one_signature_and_the_queue_takes_tickets():
@@ -106,12 +120,14 @@ def test_the_plan_picks_a_schedule_and_its_grid():
     from jax_bindings._cuda import plan
     from splat import masks
 
-    pick = {name: (v.schedule, v.section_bytes)
-            for name, mask in (("dense", masks.full()), ("causal", masks.causal()),
-                               ("window", masks.sliding_window(1023, 0)))
-            for v in [plan.fwd_variant(mask.to_acsr(4096), 128, "bfloat16")]}
-    assert pick == {"dense": ("queue", 0), "causal": ("queue", plan.QUEUE_SECTION_BYTES),
-                    "window": ("strided", 0)}
+    pick = {name: (v.schedule, v.section_bytes, v.q_stages)
+            for name, mask, runtime in (("dense", masks.full(), ""), ("causal", masks.causal(), ""),
+                                        ("window", masks.sliding_window(1023, 0), ""),
+                                        ("documents", masks.sliding_window(1023, 0), "ids"))
+            for v in [plan.fwd_variant(mask.to_acsr(4096), 128, "bfloat16", runtime)]}
+    # a second Q tile wherever it fits: not beside dense's 176-key tiles
+    assert pick == {"dense": ("queue", 0, 1), "causal": ("queue", plan.QUEUE_SECTION_BYTES, 2),
+                    "window": ("strided", 0, 2), "documents": ("strided", 0, 2)}
     shape = (2, 1000, 3, 128)  # 8 row blocks, 48 work tiles
     assert plan.grid(shape, "grid", 132) == (8, 3, 2)
     assert plan.grid(shape, "strided", 132) == plan.grid(shape, "queue", 132) == (48, 1, 1)
@@ -136,6 +152,8 @@ VARIANTS = [  # (left, right, source kwargs): the backend's variants, then the s
     (None, 0, dict(schedule="queue", section_bytes=16 << 20)),
     (None, None, dict(block_n=176, schedule="queue", dtype="float16")),
     (-7, 40, dict(schedule="queue", stages=3)),
+    (255, 255, dict(schedule="strided", q_stages=2)),
+    (None, 0, dict(schedule="queue", section_bytes=16 << 20, q_stages=2)),
     (255, 0, dict(overlap=False, pingpong=False)),
     (255, 0, dict(feed="cp.async")),
     (255, 0, dict(feed="none")),

@@ -10,6 +10,7 @@ their ``bwd_`` twins the launch geometry and the TMA templates. The JAX backend
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -47,6 +48,7 @@ class FwdVariant:
     schedule: str = "grid"
     section_bytes: int = 0
     runtime: str = ""
+    q_stages: int = 1
 
     def __post_init__(self):
         source.check_schedule(self.schedule)
@@ -55,11 +57,12 @@ class FwdVariant:
         """``(kernel name, CUDA C++)``, the name unique to the source (:func:`source.with_unique_name`)."""
         return source.with_unique_name(source.source(
             self.band.left, self.band.right, stages=self.stages, block_n=self.block_n, dtype=self.dtype,
-            schedule=self.schedule, section_bytes=self.section_bytes, runtime=self.runtime))
+            schedule=self.schedule, section_bytes=self.section_bytes, runtime=self.runtime,
+            q_stages=self.q_stages))
 
     @property
     def smem(self) -> int:
-        return source.smem_bytes(self.stages, self.block_n, self.runtime)
+        return source.smem_bytes(self.stages, self.block_n, self.runtime, self.q_stages)
 
 
 @dataclass(frozen=True)
@@ -73,15 +76,17 @@ class GridFwdVariant:
     stages: int = 2
     schedule: str = "strided"
     section_bytes: int = 0
+    q_stages: int = 1
 
     def named_source(self) -> tuple[str, str]:
         return source.with_unique_name(source.source(
             None, None, stages=self.stages, block_n=self.tiles.block_n, dtype=self.dtype,
-            schedule=self.schedule, section_bytes=self.section_bytes, grid=self.tiles))
+            schedule=self.schedule, section_bytes=self.section_bytes, grid=self.tiles,
+            q_stages=self.q_stages))
 
     @property
     def smem(self) -> int:
-        return source.smem_bytes(self.stages, self.tiles.block_n)
+        return source.smem_bytes(self.stages, self.tiles.block_n, q_stages=self.q_stages)
 
 
 @dataclass(frozen=True)
@@ -191,8 +196,19 @@ def fwd_variant(layout: ACSR, head_dim: int, dtype: str, runtime: str = "") -> F
     if band.left is None and band.right is None:
         return FwdVariant(band, dtype, block_n=176, schedule="queue", runtime=runtime)
     if band.left is None:
-        return FwdVariant(band, dtype, schedule="queue", section_bytes=QUEUE_SECTION_BYTES, runtime=runtime)
-    return FwdVariant(band, dtype, schedule="strided", runtime=runtime)
+        variant = FwdVariant(band, dtype, schedule="queue", section_bytes=QUEUE_SECTION_BYTES,
+                             runtime=runtime)
+    else:
+        variant = FwdVariant(band, dtype, schedule="strided", runtime=runtime)
+    return with_two_q_tiles(variant)
+
+
+def with_two_q_tiles(variant: FwdVariant) -> FwdVariant:
+    """``variant`` with a second Q tile where shared memory holds one (128-key tiles, 2 stages):
+    the next work tile's Q and first K/V tiles then load during the current walk (1.01-1.035x on
+    the windows, NOTES.md session 17; dense's 176-key tiles leave no room)."""
+    two = dataclasses.replace(variant, q_stages=2)
+    return two if two.smem <= source.SMEM_LIMIT else variant
 
 
 @functools.lru_cache(maxsize=64)

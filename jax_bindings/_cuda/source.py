@@ -83,18 +83,19 @@ SMEM_LIMIT = 232448  # bytes of shared memory a CTA may opt into on sm_90
 
 
 def bar_bytes(stages: int) -> int:
-    """Shared memory of the mbarriers (32 bytes a stage, 16 for Q, 32 for the two ticket slots)
-    and the two tickets (8 bytes), padded to 128: 128 bytes with 2 stages, 256 with 3."""
-    return -(-(32 * stages + 56) // 128) * 128
+    """Shared memory of the mbarriers (32 bytes a K/V stage, 32 for two Q slots, 32 for the two
+    ticket slots) and the two tickets (8 bytes), padded to 128: 256 bytes with 2 or 3 stages."""
+    return -(-(32 * stages + 72) // 128) * 128
 
 
-def smem_bytes(stages: int, block_n: int = BN, runtime: str = "") -> int:
-    """Dynamic shared memory, the same for every schedule: Q, ``stages`` K and V tiles, the
-    mbarriers and tickets (:func:`bar_bytes`), three tensor-map staging buffers of 128 bytes,
-    with segment ids (``runtime="ids"``) the key tiles' ids (4 bytes a key), 1 KiB for alignment."""
+def smem_bytes(stages: int, block_n: int = BN, runtime: str = "", q_stages: int = 1) -> int:
+    """Dynamic shared memory, the same for every schedule: ``q_stages`` Q tiles, ``stages`` K
+    and V tiles, the mbarriers and tickets (:func:`bar_bytes`), three tensor-map staging buffers
+    of 128 bytes, with segment ids (``runtime="ids"``) the key tiles' ids (4 bytes a key), 1 KiB
+    for alignment."""
     tile = block_n * D * 2
     ids = stages * block_n * 4 if runtime == "ids" else 0
-    return BM * D * 2 + 2 * stages * tile + bar_bytes(stages) + 384 + ids + 1024
+    return q_stages * BM * D * 2 + 2 * stages * tile + bar_bytes(stages) + 384 + ids + 1024
 
 
 def wgmma_ss(n: int, transposed: bool = False) -> str:
@@ -318,6 +319,9 @@ constexpr int BM = __BM__, BN = __BN__, HD = __D__, STAGES = __STAGES__, SN = BN
 constexpr int LEFT = __LEFT__, RIGHT = __RIGHT__;  // key j seen by row i: i - LEFT <= j <= i + RIGHT
 constexpr bool OVERLAP = __OVERLAP__, PINGPONG = __PINGPONG__;
 constexpr int SCHEDULE = __SCHEDULE__;  // 0: grid, 1: strided, 2: queue
+// Q tiles in shared memory: with 2 (persistent schedules), the next work tile's Q and its first
+// K/V tiles are loaded while the consumers still walk the current one
+constexpr int Q_STAGES = __Q_STAGES__;
 constexpr int RT = __RT__;  // runtime mask: 0 none, 1 lengths, 2 lengths and segment ids
 // a grid layout's spatial tiles instead of the band (grid_tiles): the grid (3 axes, outermost
 // first), its dilations, the query patch, the key tile, patches per axis, the tables' strides
@@ -334,9 +338,10 @@ constexpr bool PERSISTENT = SCHEDULE != 0;  // one CTA per SM looping over work 
 constexpr int FEED = __FEED__;  // 0: cp.async, 1: TMA, 2: none (a timing experiment)
 constexpr bool PROXY_FENCE = __PROXY_FENCE__;
 constexpr uint32_t TILE = BN * HD * 2, QBYTES = BM * HD * 2;
-// mbarriers (4 a stage, q_full, q_empty, item_full x 2, item_empty x 2) and the two tickets
+// mbarriers (4 a stage, q_full, q_empty, item_full, item_empty x 2 each) and the two tickets
 constexpr uint32_t BAR_BYTES = __BAR_BYTES__;
-static_assert(BAR_BYTES >= 8 * (4 * STAGES + 6) + 8, "the mbarriers and tickets overflow their space");
+static_assert(BAR_BYTES >= 8 * (4 * STAGES + 8) + 8, "the mbarriers and tickets overflow their space");
+static_assert(Q_STAGES == 1 || (Q_STAGES == 2 && SCHEDULE != 0), "two Q tiles need a persistent schedule");
 
 extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
@@ -349,7 +354,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = (uint8_t*)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   const uint32_t s_q = smem_addr(smem);
-  const uint32_t s_k = s_q + QBYTES;
+  const uint32_t s_k = s_q + Q_STAGES * QBYTES;  // Q slot b at s_q + b QBYTES
   const uint32_t s_v = s_k + STAGES * TILE;
   // mbarriers: full_k, full_v, empty_k, empty_v (STAGES each), q_full, q_empty, item_full,
   // item_empty (2 each); then the two ticket slots
@@ -362,11 +367,12 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   auto full_v = [&](int s) { return s_bar + 8 * (STAGES + s); };
   auto empty_k = [&](int s) { return s_bar + 8 * (2 * STAGES + s); };
   auto empty_v = [&](int s) { return s_bar + 8 * (3 * STAGES + s); };
-  const uint32_t q_full = s_bar + 8 * (4 * STAGES), q_empty = q_full + 8;
-  auto item_full = [&](int slot) { return q_full + 8 * (2 + slot); };
-  auto item_empty = [&](int slot) { return q_full + 8 * (4 + slot); };
+  auto q_full = [&](int slot) { return s_bar + 8 * (4 * STAGES + slot); };
+  auto q_empty = [&](int slot) { return s_bar + 8 * (4 * STAGES + 2 + slot); };
+  auto item_full = [&](int slot) { return s_bar + 8 * (4 * STAGES + 4 + slot); };
+  auto item_empty = [&](int slot) { return s_bar + 8 * (4 * STAGES + 6 + slot); };
   // queue: two slots (4 bytes each) for the tickets of the CTA's current and next work tile
-  const uint32_t s_ticket = q_full + 8 * 6;
+  const uint32_t s_ticket = s_bar + 8 * (4 * STAGES + 8);
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   // work tiles of a (batch, head): row blocks, or a grid's patches
@@ -477,9 +483,9 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
       mbar_init(empty_k(s), __CONSUMER_WARPS__);
       mbar_init(empty_v(s), __CONSUMER_WARPS__);
     }
-    mbar_init(q_full, 1);
-    mbar_init(q_empty, __CONSUMER_WARPS__);
     for (int slot = 0; slot < 2; ++slot) {
+      mbar_init(q_full(slot), 1);
+      mbar_init(q_empty(slot), __CONSUMER_WARPS__);
       mbar_init(item_full(slot), 1);
       mbar_init(item_empty(slot), __CONSUMER_WARPS__);
     }
@@ -516,15 +522,18 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
         if (x.n_tiles == 0) continue;  // the consumers write its rows without a walk
         const int hkv = x.h / (H / Hkv);
         if (PERSISTENT) {
-          if (qn > 0) mbar_wait(q_empty, (qn - 1) & 1);
-          mbar_expect_tx(q_full, QBYTES);
+          // Q slot qb, used qn / Q_STAGES times before: free once the consumers released it
+          const int qb = qn % Q_STAGES, uses = qn / Q_STAGES;
+          const uint32_t dst = s_q + qb * QBYTES;
+          if (uses > 0) mbar_wait(q_empty(qb), (uses - 1) & 1);
+          mbar_expect_tx(q_full(qb), QBYTES);
           if (GRID) {
             const int c4 = x.b * GN0 + x.gq[0];
-            tma_load_5d(s_q, gq, q_full, 0, x.h, x.gq[2], x.gq[1], c4);
-            tma_load_5d(s_q + BM * 128, gq, q_full, 64, x.h, x.gq[2], x.gq[1], c4);
+            tma_load_5d(dst, gq, q_full(qb), 0, x.h, x.gq[2], x.gq[1], c4);
+            tma_load_5d(dst + BM * 128, gq, q_full(qb), 64, x.h, x.gq[2], x.gq[1], c4);
           } else {
-            tma_load_4d(s_q, gq, q_full, 0, x.h, x.m0, x.b);
-            tma_load_4d(s_q + BM * 128, gq, q_full, 64, x.h, x.m0, x.b);
+            tma_load_4d(dst, gq, q_full(qb), 0, x.h, x.m0, x.b);
+            tma_load_4d(dst + BM * 128, gq, q_full(qb), 64, x.h, x.m0, x.b);
           }
           ++qn;
         }
@@ -620,13 +629,18 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   uint32_t p[SN / 2];
   float mx[2], sum[2], corr[2];
 
-  // ping-pong: a warpgroup issues its products only after the other one issued its own
+  // ping-pong: a warpgroup issues its products only after the other one issued its own. The
+  // turns run on across work tiles: warpgroup 1 hands warpgroup 0 the first turn once, before
+  // the CTA's first walk, and each warpgroup passes the turn after its last P V too, so that
+  // warpgroup 0 issues the next tile's first products while warpgroup 1 finishes its epilogue;
+  // warpgroup 0 takes the one turn left over when the CTA has no more work
   auto fence_async_smem = [&]() { if (PROXY_FENCE) fence_async_smem_always(); };
   auto turn_wait = [&]() { if (PINGPONG) named_sync(3 + wg, 256); };
-  auto turn_pass = [&](bool last) {
-    if (PINGPONG && !(last && wg == 1)) asm volatile("bar.arrive %0, 256;" :: "r"(3 + (wg ^ 1)) : "memory");
+  auto turn_pass = [&]() {
+    if (PINGPONG) asm volatile("bar.arrive %0, 256;" :: "r"(3 + (wg ^ 1)) : "memory");
   };
-  const uint64_t q_desc = smem_desc(s_q + wg * 64 * 128, 16, 1024);
+  // the current work tile's Q slot (set per work tile)
+  uint64_t q_desc = smem_desc(s_q + wg * 64 * 128, 16, 1024);
   auto qk = [&](int s) {
     const uint64_t k_desc = smem_desc(s_k + s * TILE, 16, 1024);
 #pragma unroll
@@ -820,7 +834,9 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   const int n_tiles = x.n_tiles;
   if (n_tiles > 0) {
   if (PERSISTENT) {
-    mbar_wait(q_full, qn & 1);
+    const int qb = qn % Q_STAGES;
+    q_desc = smem_desc(s_q + qb * QBYTES + wg * 64 * 128, 16, 1024);
+    mbar_wait(q_full(qb), (qn / Q_STAGES) & 1);
   } else {
     const uint16_t* qb = q + ((size_t)x.b * Sq * H + x.h) * HD;
     const size_t q_row = (size_t)H * HD;
@@ -833,7 +849,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     fence_async_smem_always();
     named_sync(1 + wg, 128);
   }
-  if (PINGPONG && wg == 1) asm volatile("bar.arrive %0, 256;" :: "r"(3) : "memory");
+  if (PINGPONG && wg == 1 && qn == 0) asm volatile("bar.arrive %0, 256;" :: "r"(3) : "memory");
   if (OVERLAP) {
     // products of tile t issued with P V of tile t - 1; softmax of t runs under P V of t - 1
     mbar_wait(full_k(stage(0)), phase(0));
@@ -842,7 +858,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     wgmma_fence();
     qk(stage(0));
     wgmma_commit();
-    turn_pass(false);
+    turn_pass();
     grid_mask();
     wgmma_wait<0>();
     fence_regs<SN>(sc);
@@ -861,7 +877,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
       wgmma_commit();
       pv(sp);
       wgmma_commit();
-      turn_pass(false);
+      turn_pass();
       grid_mask();
       wgmma_wait<1>();
       fence_regs<SN>(sc);
@@ -875,7 +891,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
       to_p();
     }
     // every product reading Q is complete: the producer may load the next work tile's
-    if (PERSISTENT && lane == 0) mbar_arrive(q_empty);
+    if (PERSISTENT && lane == 0) mbar_arrive(q_empty(qn % Q_STAGES));
     const int sl = stage(n_tiles - 1);
     mbar_wait(full_v(sl), phase(n_tiles - 1));
     fence_async_smem();
@@ -883,7 +899,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     wgmma_fence();
     pv(sl);
     wgmma_commit();
-    turn_pass(true);
+    turn_pass();
     wgmma_wait<0>();
     fence_regs<64>(o);
     if (lane == 0) mbar_arrive(empty_v(sl));
@@ -896,7 +912,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
       wgmma_fence();
       qk(s);
       wgmma_commit();
-      turn_pass(false);
+      turn_pass();
       grid_mask();
       wgmma_wait<0>();
       fence_regs<SN>(sc);
@@ -911,12 +927,12 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
       wgmma_fence();
       pv(s);
       wgmma_commit();
-      turn_pass(t == n_tiles - 1);
+      turn_pass();
       wgmma_wait<0>();
       fence_regs<64>(o);
       if (lane == 0) mbar_arrive(empty_v(s));
     }
-    if (PERSISTENT && lane == 0) mbar_arrive(q_empty);
+    if (PERSISTENT && lane == 0) mbar_arrive(q_empty(qn % Q_STAGES));
   }
   ring += n_tiles;
   ++qn;
@@ -946,6 +962,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
           sum[i] > 0.f ? mx[i] * scale_log2 * ln2 + logf(sum[i]) : NEG_INF;
   }
   }
+  if (PINGPONG && wg == 0 && qn > 0) named_sync(3, 256);  // warpgroup 1's last pass
   }
 }
 """
@@ -1027,7 +1044,7 @@ def grid_subs(grid) -> dict[str, str]:
 def source(left: int | None, right: int | None, *, stages: int = 2, overlap: bool = True,
            pingpong: bool = True, feed: str = "tma", proxy_fence: bool | None = None,
            block_n: int = BN, dtype: str = "bfloat16", schedule: str = "grid", section_bytes: int = 0,
-           runtime: str = "", grid=None) -> str:
+           runtime: str = "", grid=None, q_stages: int = 1) -> str:
     """The kernel's CUDA C++ for the mask ``i - left <= j <= i + right`` (``None``: unbounded).
 
     ``feed``: how K/V reach shared memory: ``"tma"`` (tensor maps: ``tmap_templates`` holds K's,
@@ -1057,6 +1074,9 @@ def source(left: int | None, right: int | None, *, stages: int = 2, overlap: boo
     after ``tmap_templates`` and 5-D tensor maps
     (:func:`jax_bindings._cuda.tensor_map.grid_template`), and needs a persistent ``schedule``,
     ``block_n = prod(grid.k_tile)`` and no runtime mask.
+    ``q_stages``: Q tiles in shared memory, 1 or 2 (2 needs a persistent ``schedule``): with 2
+    the producer loads the next work tile's Q, then its first K and V tiles, while the consumers
+    still walk the current one; with 1 it waits until the current tile's last ``Q K^T`` is done.
     ``proxy_fence``: the consumers' generic -> async proxy fence after each wait (needed for
     cp.async; default on for it only). ``block_n``:
     keys per tile (the wgmma N of ``Q K^T``). V's MN-major descriptor has the 64-column block
@@ -1075,6 +1095,9 @@ def source(left: int | None, right: int | None, *, stages: int = 2, overlap: boo
         raise ValueError(f"runtime='ids' needs feed='tma' (key ids come with K by bulk copy), got {feed!r}")
     if type(section_bytes) is not int or not 0 <= section_bytes < 2**40:
         raise ValueError(f"section_bytes must be an int in [0, 2**40), got {section_bytes!r}")
+    if q_stages not in (1, 2) or (q_stages == 2 and schedule == "grid"):
+        raise ValueError(f"q_stages must be 1, or 2 with a persistent schedule, got q_stages={q_stages!r} "
+                         f"with schedule={schedule!r}")
     if grid is not None:
         if schedule == "grid" or runtime or left is not None or right is not None:
             raise ValueError(f"grid tiles need a persistent schedule, no runtime mask and no band, got "
@@ -1092,7 +1115,8 @@ def source(left: int | None, right: int | None, *, stages: int = 2, overlap: boo
                                                         else proxy_fence).lower(),
         "__SCHEDULE__": SCHEDULES[schedule], "__SLOT_BYTES__": SLOT_BYTES, "__BAR_BYTES__": bar_bytes(stages),
         "__PRODUCER_REGS__": PRODUCER_REGS, "__CONSUMER_REGS__": CONSUMER_REGS, "__ELEM__": ELEMENTS[dtype],
-        "__SECTION_BYTES__": section_bytes, **runtime_subs(runtime, FWD_RUNTIME_ARRAYS), **grid_subs(grid),
+        "__SECTION_BYTES__": section_bytes, "__Q_STAGES__": q_stages,
+        **runtime_subs(runtime, FWD_RUNTIME_ARRAYS), **grid_subs(grid),
     }
     text = HELPERS + wgmma_ss(block_n) + wgmma_rs(D) + _KERNEL
     for key, val in subs.items():
