@@ -1,6 +1,10 @@
 """The sizes and masks the cuda-backend spikes time (issue 10's four: dense, causal, causal window
 1024, sliding window (256, 256)) and their timer; imported by the scripts beside this one."""
 
+import contextlib
+import importlib.util
+
+from jax_bindings._cuda import source
 from splat import masks
 from splat.tools import timing
 
@@ -12,6 +16,33 @@ MASKS = {
     "causal_window_1024": masks.sliding_window(1023, 0),
     "sliding_window_256": masks.sliding_window(256, 256),
 }
+
+
+def load_generator(path: str):
+    """Another revision's ``jax_bindings/_cuda/source.py`` (or ``bwd_source.py``) as a module
+    (``git show REV:jax_bindings/_cuda/source.py > FILE``), for a spike's baseline."""
+    spec = importlib.util.spec_from_file_location("baseline_source", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@contextlib.contextmanager
+def generating_with(generator, target=source):
+    """Within the block, ``target`` (this revision's generator module: ``source``, or
+    ``bwd_source``) writes the kernel text of ``generator`` (the same module of another revision,
+    from :func:`load_generator`) with this revision's substitutions and helpers."""
+    names = [n for n in ("_HELPERS", "_KERNEL") if hasattr(target, n)]
+    if target is source:
+        names.insert(0, "HELPERS")
+    keep = {n: getattr(target, n) for n in names}
+    try:
+        for n in names:
+            setattr(target, n, getattr(generator, n))
+        yield
+    finally:
+        for n, text in keep.items():
+            setattr(target, n, text)
 
 
 def chained_ms(fn, args, feed, n=10) -> float:

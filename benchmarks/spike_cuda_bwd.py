@@ -4,13 +4,15 @@
 One process, one H100/H200, bf16, B=1, H=16, D=128: for each one-band mask and S,
 * the backward alone (given ``out`` and ``lse`` of the cuda forward): the cuda kernel with dQ added
   in a fixed order (the default: bit-identical reruns) and in arrival order, and the Triton
-  backend's backward;
+  backend's backward; with ``--baseline FILE``, the route ``base``: the ordered cuda kernel as
+  another revision's ``bwd_source.py`` writes it;
 * forward+backward (one ``jax.vjp``): cuda forward + cuda backward, cuda forward + Triton
   backward, and FA3's ``flash_mha``;
 each as 10 calls chained in one jitted program (the gradient fed back as the next call's
 cotangent). Gradients of every route are checked against the ordered cuda one.
 
-    python3 benchmarks/spike_cuda_bwd.py [--lengths 8192 16384] [--out PATH]
+    python3 benchmarks/spike_cuda_bwd.py [--lengths 8192 16384] [--bwd-routes base triton]
+        [--baseline /tmp/base_bwd_source.py] [--out PATH]
 """
 
 from __future__ import annotations
@@ -24,17 +26,22 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
-from cuda_spike_cases import MASKS, SCALE, D, H, chained_ms  # beside this script
+from cuda_spike_cases import MASKS, SCALE, D, H, chained_ms, generating_with, load_generator
 
 from jax_bindings._cuda import backend as cb
-from jax_bindings._cuda import plan
+from jax_bindings._cuda import bwd_source, compiler, plan
 from jax_bindings._triton import backend as tb
 from splat.tools import peers
 
 
-def _bwd_cuda(layout, ordered: bool = True):
+def _bwd_cuda(layout, ordered: bool = True, generator=None):
     variant = dataclasses.replace(plan.bwd_variant(layout, D, "bfloat16"), ordered=ordered)
-    name, image = plan.compiled(variant)
+    if generator is None:
+        name, image = plan.compiled(variant)
+    else:
+        with generating_with(generator, bwd_source):
+            name, text = variant.named_source()
+        image = compiler.cubin(text)
 
     def fn(do, q, k, v, out, lse):
         maps = plan.bwd_tensor_maps(q.shape, k.shape)
@@ -50,9 +57,11 @@ def _bwd_triton(layout):
     return fn
 
 
-def _bwd_route(name: str, layout):
+def _bwd_route(name: str, layout, generator=None):
     if name == "triton":
         return _bwd_triton(layout)
+    if name == "base":
+        return _bwd_cuda(layout, generator=generator)
     return _bwd_cuda(layout, ordered=name != "cuda_unordered")
 
 
@@ -88,7 +97,8 @@ def main(argv=None) -> int:
     p.add_argument("--masks", nargs="+", default=list(MASKS))
     p.add_argument("--bwd-routes", nargs="+", default=["cuda_unordered", "triton"],
                    help="backward routes timed besides the default cuda one: cuda_unordered (dQ in "
-                        "arrival order), triton")
+                        "arrival order), triton, base (--baseline's kernel)")
+    p.add_argument("--baseline", default=None, help="another revision's jax_bindings/_cuda/bwd_source.py")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     try:
@@ -96,6 +106,7 @@ def main(argv=None) -> int:
     except ImportError:
         fa3 = None
 
+    generator = load_generator(a.baseline) if a.baseline else None
     dev = jax.devices()[0].device_kind
     rows = []
     for S in a.lengths:
@@ -107,7 +118,7 @@ def main(argv=None) -> int:
             out, lse = jax.jit(lambda q, k, v, layout=layout: cb.attention_fwd(q, k, v, None, layout, SCALE))(
                 q, k, v)
             row = {"mask": mname, "S": S}
-            bwds = {n: _bwd_route(n, layout) for n in ("cuda", *a.bwd_routes)}
+            bwds = {n: _bwd_route(n, layout, generator) for n in ("cuda", *a.bwd_routes)}
             grads = {n: [np.asarray(g, np.float32) for g in jax.jit(f)(do, q, k, v, out, lse)]
                      for n, f in bwds.items()}
             for n, g in grads.items():

@@ -7,12 +7,16 @@ forward (the plan's variant, ``jax_bindings._cuda.plan.fwd_variant``, launched b
 ``jax_bindings._cuda.source.source``: ``grid`` (a CTA per row block, Q by cp.async), ``strided``
 (a CTA per SM taking every ``gridDim.x``-th work tile) and ``queue`` (a CTA per SM taking work
 tiles by ticket; ``queue@N`` takes them in sections of as many heads as N MiB of K/V hold,
-longest walks first across a section's heads); and FA3's ``flash_mha`` where ``flash_attn3_jax``
+longest walks first across a section's heads; ``plan`` is the planner's own choice) and with
+``/q1`` or ``/q2`` after it, one or two Q tiles (``q_stages``; a spec whose shared memory does not
+fit is skipped), or ``base:`` before any of those: that variant as another revision's generator
+writes it (``--baseline``); and FA3's ``flash_mha`` where ``flash_attn3_jax``
 imports; each as 10 calls chained in one jitted program. Every schedule's ``out`` and ``lse``
 must be bit-identical to the first one's.
 
     python3 benchmarks/spike_cuda_persistent.py [--lengths 8192 16384] [--masks causal]
-        [--schedules grid strided queue queue@32] [--out PATH]
+        [--schedules grid strided queue queue@32 plan/q1 plan/q2 base:plan] [--repeat 3]
+        [--baseline /tmp/base_source.py] [--out PATH]
 """
 
 from __future__ import annotations
@@ -26,21 +30,36 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
-from cuda_spike_cases import MASKS, SCALE, D, H  # beside this script
+from cuda_spike_cases import MASKS, SCALE, D, H, generating_with, load_generator  # beside this script
 
-from jax_bindings._cuda import backend, plan
+from jax_bindings._cuda import backend, compiler, plan, source
 from splat.tools import peers, timing
 
 SCHEDULES = ("grid", "strided", "queue")
 
 
-def forward(layout, spec: str):
-    """``(q, k, v) -> (out, lse)``: the backend's forward on ``layout`` with the schedule ``spec``
-    (a schedule name, or ``queue@N``: the queue in sections of N MiB of K/V)."""
-    schedule, _, mib = spec.partition("@")
-    variant = dataclasses.replace(plan.fwd_variant(layout, D, "bfloat16"), schedule=schedule,
-                                  section_bytes=int(float(mib or 0) * 2**20))
-    name, image = plan.compiled(variant)
+def variant_of(layout, spec: str):
+    """The backend's forward variant on ``layout`` for ``spec`` (see the module's docstring)."""
+    spec, _, qs = spec.removeprefix("base:").partition("/")
+    variant = plan.fwd_variant(layout, D, "bfloat16")
+    if spec != "plan":
+        schedule, _, mib = spec.partition("@")
+        variant = dataclasses.replace(variant, schedule=schedule, section_bytes=int(float(mib or 0) * 2**20))
+    if qs:
+        variant = dataclasses.replace(variant, q_stages=int(qs.removeprefix("q")))
+    return variant
+
+
+def forward(variant, generator=None):
+    """``(q, k, v) -> (out, lse)``: the backend's forward as ``variant`` (written by ``generator``,
+    another revision's source module, if given)."""
+    if generator is None:
+        name, image = plan.compiled(variant)
+    else:
+        with generating_with(generator):
+            name, text = variant.named_source()
+        image = compiler.cubin(text)
+    schedule = variant.schedule
 
     def fn(q, k, v):
         grid = plan.grid(q.shape, schedule, backend._sm_count())
@@ -56,9 +75,12 @@ def main(argv=None) -> int:
     p.add_argument("--masks", nargs="+", default=list(MASKS), choices=list(MASKS))
     p.add_argument("--schedules", nargs="+", default=list(SCHEDULES),
                    help="schedule names, or queue@N (sections of N MiB of K/V); the first is the baseline")
+    p.add_argument("--baseline", default=None, help="another revision's jax_bindings/_cuda/source.py (base:)")
+    p.add_argument("--repeat", type=int, default=1, help="times each callable this often in turn; the median")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     specs, base = a.schedules, a.schedules[0]
+    generator = load_generator(a.baseline) if a.baseline else None
     try:
         from flash_attn3_jax import flash_mha as fa3
     except ImportError:
@@ -75,27 +97,36 @@ def main(argv=None) -> int:
             fns = {}
             got = {}
             for s in specs:
-                f = forward(layout, s)
+                variant = variant_of(layout, s)
+                if variant.smem > source.SMEM_LIMIT:
+                    continue
+                f = forward(variant, generator if s.startswith("base:") else None)
                 got[s] = [np.asarray(x) for x in jax.jit(f)(q, k, v)]
                 fns[s] = lambda q, k, v, f=f: f(q, k, v)[0]
             row["schedules_bit_identical"] = all(
                 x.tobytes() == y.tobytes()
-                for s in specs[1:] for x, y in zip(got[s], got[base], strict=True))
+                for s in specs[1:] if s in got for x, y in zip(got[s], got[base], strict=True))
             if fa3 is not None:
                 kw = peers.flash_attn3_arguments(layout)
                 fns["fa3"] = lambda q, k, v, kw=kw: fa3(q, k, v, softmax_scale=SCALE, **kw)
                 ref = np.asarray(jax.jit(fns["fa3"])(q, k, v), np.float32)
                 row[f"fa3_vs_{base}_max_diff"] = float(np.abs(ref - got[base][0].astype(np.float32)).max())
-            for n, f in fns.items():
-                ms = timing.chained_ms(f, q, k, v)
-                row[f"{n}_ms"], row[f"{n}_tflops"] = ms, flops / ms * 1e-9
+            times = {n: [] for n in fns}
+            for _ in range(a.repeat):  # in turn, so that drift over seconds reaches every callable
+                for n, f in fns.items():
+                    times[n].append(timing.chained_ms(f, q, k, v))
+            for n, ms_all in times.items():
+                ms = float(np.median(ms_all))
+                row[f"{n}_ms"], row[f"{n}_tflops"], row[f"{n}_ms_all"] = ms, flops / ms * 1e-9, ms_all
             for s in specs[1:]:
+                if s not in got:
+                    continue
                 row[f"{s}_x_{base}"] = row[f"{base}_ms"] / row[f"{s}_ms"]
             if fa3 is not None:
-                for s in specs:
+                for s in got:
                     row[f"{s}_x_fa3"] = row["fa3_ms"] / row[f"{s}_ms"]
             rows.append(row)
-            shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}
+            shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items() if "_all" not in k}
             print(json.dumps(shown), flush=True)
     doc = {"schema": "splat-spike-cuda-persistent/3", "device": jax.devices()[0].device_kind,
            "date": datetime.datetime.now().isoformat(timespec="seconds"),
