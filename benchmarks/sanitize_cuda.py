@@ -106,7 +106,9 @@ def launch_bwd(variant, q, k, v, out, lse, do, scale, rt_arrays=()):
     grid = plan.bwd_grid(k.shape, cp.cuda.Device().attributes["MultiProcessorCount"])
     maps = cp.asarray(np.frombuffer(plan.bwd_tensor_maps(q.shape, k.shape), np.uint8))
     dk, dv = (cp.full(k.shape, np.nan, dtype=k.dtype) for _ in range(2))
-    dq_acc = cp.zeros(bwd_source.dq_acc_shape(B, H, Sq), dtype=np.float32)
+    # the ordered kernel stores each query block's first part: NaN where it writes nothing (blocks
+    # no key block reaches), which dq_from_acc must turn into 0
+    dq_acc = cp.full(bwd_source.dq_acc_shape(B, H, Sq), np.nan if variant.ordered else 0, dtype=np.float32)
     sem = cp.zeros(bwd_source.sem_words(B, H, Sq), dtype=np.int32)
     slots = cp.zeros(grid[0] * grid[1] * grid[2] * bwd_source.SLOT_BYTES, dtype=np.uint8)
     args = (*(cp.asarray(x) for x in (q, k, v, do, lse2, delta)), maps,
@@ -115,7 +117,7 @@ def launch_bwd(variant, q, k, v, out, lse, do, scale, rt_arrays=()):
             np.float32(scale), dk, dv, dq_acc, sem, slots)
     fn(grid, (bwd_source.THREADS,), args, shared_mem=variant.smem)
     cp.cuda.runtime.deviceSynchronize()
-    dq = bwd_source.dq_from_acc(cp.asnumpy(dq_acc), Sq) * scale
+    dq = bwd_source.dq_from_acc(cp.asnumpy(dq_acc), Sq, lse) * scale
     return dq, cp.asnumpy(dk).astype(np.float32), cp.asnumpy(dv).astype(np.float32)
 
 

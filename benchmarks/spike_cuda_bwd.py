@@ -45,7 +45,9 @@ def _bwd_cuda(layout, ordered: bool = True, generator=None):
 
     def fn(do, q, k, v, out, lse):
         maps = plan.bwd_tensor_maps(q.shape, k.shape)
-        return cb.run_backward(name, image, variant.smem, maps, q, k, v, out, lse, do, SCALE)
+        # a baseline kernel may add every part (zeroed dq_acc): launched as the unordered one is
+        return cb.run_backward(name, image, variant.smem, maps, q, k, v, out, lse, do, SCALE,
+                               ordered=variant.ordered and generator is None)
 
     return fn
 

@@ -69,7 +69,8 @@ def _bwd(layout, kind: str, ordered: bool, cut_id_test: bool = False):
     def fn(do, q, k, v, out, lse, runtime):
         maps = plan.bwd_tensor_maps(q.shape, k.shape)
         rt = runtime_tables.bwd_arrays(runtime) if kind else ()
-        return cb.run_backward(name, image, variant.smem, maps, q, k, v, out, lse, do, SCALE, rt)
+        return cb.run_backward(name, image, variant.smem, maps, q, k, v, out, lse, do, SCALE, rt,
+                               ordered=variant.ordered)
 
     return fn
 

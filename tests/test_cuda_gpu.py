@@ -169,7 +169,8 @@ def _grads(q, k, v, do, layout, scale, variant=None):
 
     def fn(q, k, v, do):
         out, lse = cb.attention_fwd(q, k, v, None, layout, scale)
-        return cb.run_backward(name, image, variant.smem, maps, q, k, v, out, lse, do, scale)
+        return cb.run_backward(name, image, variant.smem, maps, q, k, v, out, lse, do, scale,
+                               ordered=variant.ordered)
 
     return jax.jit(fn)(q, k, v, do)
 

@@ -54,7 +54,7 @@ def _run(layout, runtime, q, k, v, do, scale):
     def fn(q, k, v, do, runtime):
         out, lse = cb.attention_fwd(q, k, v, runtime, layout, scale)
         grads = cb.run_backward(name, image, variant.smem, maps, q, k, v, out, lse, do, scale,
-                                runtime_tables.bwd_arrays(runtime))
+                                runtime_tables.bwd_arrays(runtime), ordered=variant.ordered)
         return out, lse, grads
 
     return fn(q, k, v, do, runtime)

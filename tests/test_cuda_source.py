@@ -280,6 +280,27 @@ def test_dq_from_acc_inverts_the_kernels_fragment_order():
     np.testing.assert_array_equal(bwd.dq_from_acc(acc, Sq), dq[:, :Sq])
 
 
+@pytest.mark.parametrize("xp", ["numpy", "jax"])
+def test_dq_from_acc_zeroes_rows_that_see_no_key_whatever_the_buffer_holds(xp):
+    """The ordered kernel never writes a query block that no key block reaches, and its ``dq_acc``
+    is not zeroed: rows with ``lse = -inf`` must come out 0 even over NaN; the rest untouched."""
+    import jax.numpy as jnp
+
+    mod = np if xp == "numpy" else jnp
+    B, H, Sq = 2, 3, 100
+    rng = np.random.default_rng(1)
+    acc = rng.standard_normal(bwd.dq_acc_shape(B, H, Sq)).astype(np.float32)
+    acc[:, :, 1] = np.nan  # rows 64..99: a block nobody wrote
+    lse = rng.standard_normal((B, H, Sq)).astype(np.float32)
+    lse[:, :, 64:] = -np.inf
+    lse[0, 1, 5] = -np.inf  # a row inside a written block that sees nothing
+    got = np.asarray(bwd.dq_from_acc(mod.asarray(acc), Sq, mod.asarray(lse)))
+    want = bwd.dq_from_acc(acc, Sq)
+    assert not got[:, 64:].any() and not got[0, 5, 1].any()
+    np.testing.assert_array_equal(got[:, :64][lse.transpose(0, 2, 1)[:, :64] > -np.inf],
+                                  want[:, :64][lse.transpose(0, 2, 1)[:, :64] > -np.inf])
+
+
 @pytest.mark.parametrize("kwargs, name", [(dict(stages=0), "stages"), (dict(dtype="float32"), "dtype"),
                                           (dict(left=1.5), "left"), (dict(right=True), "right"),
                                           (dict(runtime="segments"), "runtime")])

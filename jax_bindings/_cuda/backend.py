@@ -151,10 +151,12 @@ def attention_fwd(q, k, v, runtime, layout: ACSR, scale: float, soft_cap=None):
 
 
 def run_backward(name: str, image: bytes, smem: int, maps: bytes, q, k, v, out, lse, dout, scale: float,
-                 rt_arrays: tuple = ()):
+                 rt_arrays: tuple = (), *, ordered: bool):
     """``(dq, dk, dv)`` from the backward kernel ``name`` in the cubin ``image`` (the kernel
     signature of :mod:`jax_bindings._cuda.bwd_source`); ``lse`` as the forward gave it;
-    ``rt_arrays`` as :func:`~jax_bindings._cuda.runtime_tables.bwd_arrays` gives them."""
+    ``rt_arrays`` as :func:`~jax_bindings._cuda.runtime_tables.bwd_arrays` gives them;
+    ``ordered``: the kernel's dQ order (an ordered kernel stores each block's first part, so its
+    ``dq_acc`` is not zeroed before the launch)."""
     B, Sq, H, D = q.shape
     Skv, Hkv = k.shape[1], k.shape[2]
     grid = plan.bwd_grid(k.shape, _sm_count())
@@ -177,13 +179,13 @@ def run_backward(name: str, image: bytes, smem: int, maps: bytes, q, k, v, out, 
         outs=(((B, Skv, Hkv, D), dt), ((B, Skv, Hkv, D), dt), (bwd_source.dq_acc_shape(B, H, Sq), "float32"),
               ((bwd_source.sem_words(B, H, Sq),), "int32"), ((n_ctas * bwd_source.SLOT_BYTES,), "uint8")),
         cc=90,
-        zeroed=(2, 3),
+        zeroed=(3,) if ordered else (2, 3),
     )
     templates = jnp.asarray(np.frombuffer(maps, dtype=np.uint8))
     dk, dv, dq_acc, _sem, _slots = launch.run(
         spec, q, k.astype(q.dtype), v.astype(q.dtype), dout.astype(q.dtype), lse2, delta, templates,
         *rt_arrays)
-    dq = bwd_source.dq_from_acc(dq_acc, Sq) * scale
+    dq = bwd_source.dq_from_acc(dq_acc, Sq, lse) * scale
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
 
@@ -195,7 +197,8 @@ def attention_bwd(q, k, v, runtime, out, lse, dout, layout: ACSR, scale: float, 
     name, image = plan.compiled(variant)
     maps = plan.bwd_tensor_maps(q.shape, k.shape)
     rt_arrays = runtime_tables.bwd_arrays(runtime) if rt else ()
-    return run_backward(name, image, variant.smem, maps, q, k, v, out, lse, dout, scale, rt_arrays)
+    return run_backward(name, image, variant.smem, maps, q, k, v, out, lse, dout, scale, rt_arrays,
+                        ordered=variant.ordered)
 
 
 def _unfused(*args, **kwargs):

@@ -23,23 +23,25 @@ tensor maps are published once per CTA. In a CTA:
 * dQ is a sum over key blocks, so CTAs add their part to an fp32 buffer in global memory: the
   consumers leave each step's dQ in one of two shared-memory buffers, in the order their
   fragments hold it (:func:`dq_from_acc` puts it back in rows), and a dQ writer per buffer (a
-  lane of warps 9 and 10) adds the block's 32 KiB with one bulk reduction while they go on.
-  With ``ordered`` (the default) the additions to one query block come in a fixed order, the
-  key block seeing the furthest keys first, each waiting on a per-block counter for its turn:
-  the result is bit-identical from run to run. A writer passes the turn on once its addition
-  is complete; with two writers, one step's addition completes while the next one's waits for
-  its turn. An item waits only on items with a smaller ticket, each taken by a CTA already
-  running, so the waits cannot deadlock. ``ordered=False`` adds in any order (not reproducible
-  bit for bit) and exists to measure what the order costs.
+  lane of warps 9 and 10) adds the block's 32 KiB with one bulk reduction while they go on. With
+  ``ordered`` (the default) the additions to one query block come in a fixed order, the key block
+  seeing the furthest keys first, each waiting on a per-block counter for its turn: the result is
+  bit-identical from run to run. The first key block in that order stores its part instead of
+  adding it, so ``dq_acc`` needs no zeroing before the launch (query blocks that no key block
+  reaches are never written: :func:`dq_from_acc` zeroes rows that see no key). A writer passes the
+  turn on once its addition is complete; with two writers, one step's addition completes while the
+  next one's waits for its turn. An item waits only on items with a smaller ticket, each taken by
+  a CTA already running, so the waits cannot deadlock. ``ordered=False`` adds in any order (not
+  reproducible bit for bit) and exists to measure what the order costs.
 
 Mask: as the forward's, ``i - left <= j <= i + right``, ``0 <= j < Skv``. Inputs ``q, dout
 [B, Sq, H, D]``, ``k, v [B, Skv, Hkv, D]`` (bf16 or fp16, ``D = 128``), ``lse2 [B, H, Sq_pad]``
 (the forward's lse times log2(e); ``+inf`` on a row with no key and on the padding to
 ``Sq_pad``, a multiple of 64), ``delta [B, H, Sq_pad]`` (rowsum(dout * out), 0 on the padding).
 Outputs ``dk``, ``dv`` like k, v (dk times ``scale``), ``dq_acc`` fp32 (:func:`dq_acc_shape`; dQ
-without the scale once :func:`dq_from_acc` reorders it), zeroed before the launch like ``sem``
-(int32: a ticket counter, then a turn counter per (batch, head, query block)), and the CTAs'
-tensor-map slots. Parameters, in jaxlib's order:
+without the scale once :func:`dq_from_acc` reorders it; zeroed before the launch when not
+``ordered``), ``sem`` (int32, zeroed before the launch: a ticket counter, then a turn counter per
+(batch, head, query block)), and the CTAs' tensor-map slots. Parameters, in jaxlib's order:
 ``q, k, v, dout, lse2, delta, tmap_templates, [runtime arrays,] Sq, Skv, H, Hkv, B, scale_log2,
 scale, dk, dv, dq_acc, sem, tmap_slots``.
 
@@ -89,13 +91,19 @@ def dq_acc_shape(b: int, h: int, sq: int) -> tuple[int, int, int, int]:
     return b, h, num_q_blocks(sq), BM * D
 
 
-def dq_from_acc(acc, sq: int):
-    """``dq_acc`` (NumPy or JAX array, :func:`dq_acc_shape`) as ``[B, Sq, H, D]``."""
+def dq_from_acc(acc, sq: int, lse=None):
+    """``dq_acc`` (NumPy or JAX array, :func:`dq_acc_shape`) as ``[B, Sq, H, D]``; with ``lse``
+    (the forward's, ``[B, H, Sq]``), 0 on the rows that see no key (``lse = -inf``), whatever
+    ``dq_acc`` holds there: the ordered kernel never writes a query block no key block reaches."""
     b, h, nq, _ = acc.shape
     blocks = acc.reshape(b, h, nq, *_FRAGMENT_AXES)
     # to (B, nq, wq, rh, l4, H, w, cg, l2, pair)
-    rows = blocks.transpose(0, 2, 6, 5, 7, 1, 3, 4, 8, 9).reshape(b, nq * BM, h, D)
-    return rows[:, :sq]
+    rows = blocks.transpose(0, 2, 6, 5, 7, 1, 3, 4, 8, 9).reshape(b, nq * BM, h, D)[:, :sq]
+    if lse is None:
+        return rows
+    xp = rows.__array_namespace__()
+    seen = ~xp.isinf(xp.permute_dims(lse, (0, 2, 1)))[..., None]  # lse is -inf or finite
+    return xp.where(seen, rows, xp.zeros((), dtype=rows.dtype))
 
 
 def sem_words(b: int, h: int, sq: int) -> int:
@@ -104,6 +112,11 @@ def sem_words(b: int, h: int, sq: int) -> int:
 
 
 _HELPERS = r"""
+// copies `bytes` from shared memory to global memory (an async bulk copy)
+__device__ __forceinline__ void bulk_store(float* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
+               :: "l"(dst), "r"(src), "r"(bytes) : "memory");
+}
 // adds `bytes` of fp32 from shared memory to global memory (an async bulk reduction)
 __device__ __forceinline__ void bulk_reduce_add(float* dst, uint32_t src, uint32_t bytes) {
   asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;"
@@ -249,16 +262,22 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
             ii += 2;
             while (ii >= w.n_i) ii -= w.n_i, ++hh;
             mbar_wait(dq_full(buf), (g >> 1) & 1);
+            bool first = false;  // ordered: the first part of the block's sum is stored, not added
             if (ORDERED) {
               int j_last = nkv - 1;  // the last key block that sees query block i: it adds first
               if (RIGHT < __UNBOUNDED__)
                 j_last = min(j_last, floor_div(RIGHT + min(m0 + BM - 1, Sq - 1), BN));
               if (RT >= 1) j_last = min(j_last, (w.kv_end - 1) / BN);
               if (RT == 2) j_last = min(j_last, __ldg(rt_last + (size_t)w.b * nq + i));
+              first = j_last == w.j;
               while (ld_acquire(turn) != j_last - w.j) {
               }
             }
-            bulk_reduce_add(dq_acc + (size_t)blk * (BM * HD), s_dq(buf), DQTILE);
+            if (first) {
+              bulk_store(dq_acc + (size_t)blk * (BM * HD), s_dq(buf), DQTILE);
+            } else {
+              bulk_reduce_add(dq_acc + (size_t)blk * (BM * HD), s_dq(buf), DQTILE);
+            }
             asm volatile("cp.async.bulk.commit_group;" ::: "memory");
             // the buffer is free once read; the turn passes once the addition is done
             asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
