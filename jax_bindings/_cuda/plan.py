@@ -39,6 +39,7 @@ class FwdVariant:
     left, whose row blocks all walk about as far (1.05-1.24x the grid launch; the queue within
     noise of it). ``"grid"``, one CTA per row block, is kept for the spikes and tests.
     ``runtime`` (:data:`source.RUNTIMES`): the runtime mask it takes (lengths, segment ids).
+    ``q_stages``: Q tiles in shared memory, 2 where they fit (:func:`with_two_q_tiles`).
     """
 
     band: acsr.Band
