@@ -44,9 +44,11 @@ from splat import masks  # noqa: E402
 NP = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 # (forward schedule, CTAs of a persistent one: None for one per SM, else at most that many; on 5,
 # each CTA takes several work tiles; the queue's sections of (batch, head)s: 0 one after another;
-# Q tiles: 2 where they fit beside the K/V ring)
-LAUNCHES = (("grid", None, 0, 1), ("strided", 5, 0, 1), ("strided", 5, 0, 2), ("queue", None, 0, 2),
-            ("queue", 5, 3, 2), ("queue", 5, 0, 1))
+# Q tiles: 2 where they fit beside the K/V ring; the epilogue's o_store, None for the plan's; see
+# plan.rescheduled)
+LAUNCHES = (("grid", None, 0, 1, None), ("strided", 5, 0, 1, None), ("strided", 5, 0, 2, None),
+            ("queue", None, 0, 2, None), ("queue", 5, 3, 2, None), ("queue", 5, 0, 2, "registers"),
+            ("queue", 5, 0, 1, None))
 
 
 def reference(q, k, v, mask, scale):
@@ -154,13 +156,11 @@ def main() -> int:
         print(f"{launched} launches of {launched} cuda kernel variants")
         return 0
     launched = 0
-    for dtype, (schedule, ctas, section, q_stages) in itertools.product(NP, LAUNCHES):
+    for dtype, (schedule, ctas, section, q_stages, o_store) in itertools.product(NP, LAUNCHES):
         for name, sq, skv, left, right, h, hk in CASES:
             layout = band_layout(sq, skv, left, right)
-            variant = dataclasses.replace(plan.fwd_variant(layout, 128, dtype), schedule=schedule,
-                                          section_bytes=source.section_bytes_of(section, skv), q_stages=1)
-            if q_stages == 2:
-                variant = plan.with_two_q_tiles(variant)
+            variant = plan.rescheduled(plan.fwd_variant(layout, 128, dtype), schedule,
+                                       source.section_bytes_of(section, skv), q_stages, o_store)
             rng = np.random.default_rng(sq + skv)
             q = rng.standard_normal((2, sq, h, 128)).astype(NP[dtype])
             k, v = (rng.standard_normal((2, skv, hk, 128)).astype(NP[dtype]) for _ in range(2))
@@ -177,10 +177,10 @@ def main() -> int:
             lerr = np.abs(lse[:, :, ~empty] - ref_lse[:, :, ~empty]).max()
             assert lerr < 2e-2, f"{name} {dtype}: lse differs by {lerr:.3g}"
             kind = ((schedule if ctas is None else f"{schedule}/{ctas}") + (f"/{section}h" if section else "")
-                    + f"/q{variant.q_stages}")
+                    + f"/q{variant.q_stages}/{variant.o_store}")
             print(f"{name:22s} {dtype:9s} {kind:10s} ok (out {err:.1e}, lse {lerr:.1e})")
             # the backward once per case and dtype, in each dQ order
-            if (schedule, ctas, section, q_stages) == LAUNCHES[-1]:
+            if (schedule, ctas, section, q_stages, o_store) == LAUNCHES[-1]:
                 do = rng.standard_normal(q.shape).astype(NP[dtype])
                 refs = grads_reference(q, k, v, do, mask, scale)
                 for ordered in (True, False):

@@ -9,7 +9,8 @@ forward (the plan's variant, ``jax_bindings._cuda.plan.fwd_variant``, launched b
 tiles by ticket; ``queue@N`` takes them in sections of as many heads as N MiB of K/V hold,
 longest walks first across a section's heads; ``plan`` is the planner's own choice) and with
 ``/q1`` or ``/q2`` after it, one or two Q tiles (``q_stages``; a spec whose shared memory does not
-fit is skipped), or ``base:`` before any of those: that variant as another revision's generator
+fit is skipped), ``/tma`` or ``/registers``, how the epilogue writes ``out`` (``o_store``), or
+``base:`` before any of those: that variant as another revision's generator
 writes it (``--baseline``); and FA3's ``flash_mha`` where ``flash_attn3_jax``
 imports; each as 10 calls chained in one jitted program. Every schedule's ``out`` and ``lse``
 must be bit-identical to the first one's.
@@ -22,7 +23,6 @@ must be bit-identical to the first one's.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import json
 import sys
@@ -40,14 +40,15 @@ SCHEDULES = ("grid", "strided", "queue")
 
 def variant_of(layout, spec: str):
     """The backend's forward variant on ``layout`` for ``spec`` (see the module's docstring)."""
-    spec, _, qs = spec.removeprefix("base:").partition("/")
+    spec, *options = spec.removeprefix("base:").split("/")
     variant = plan.fwd_variant(layout, D, "bfloat16")
+    schedule, section_bytes = variant.schedule, variant.section_bytes
     if spec != "plan":
         schedule, _, mib = spec.partition("@")
-        variant = dataclasses.replace(variant, schedule=schedule, section_bytes=int(float(mib or 0) * 2**20))
-    if qs:
-        variant = dataclasses.replace(variant, q_stages=int(qs.removeprefix("q")))
-    return variant
+        section_bytes = int(float(mib or 0) * 2**20)
+    o_store = next((x for x in options if x in source.O_STORES), None)
+    q_stages = next((int(x.removeprefix("q")) for x in options if x not in source.O_STORES), None)
+    return plan.rescheduled(variant, schedule, section_bytes, q_stages, o_store)
 
 
 def forward(variant, generator=None):

@@ -44,21 +44,17 @@ def _inputs(seed, sq, skv, h, hk, dtype, d=128, b=2):
     return q, k, v, do
 
 
-def _forward(layout, scale, schedule=None, ctas=None, section=0, q_stages=None):
+def _forward(layout, scale, schedule=None, ctas=None, section=0, q_stages=None, o_store=None):
     """The jitted forward ``(q, k, v) -> (out, lse)``: the backend's, or its variant in another
     ``schedule`` launched on one CTA per SM or, persistent, at most ``ctas``; the queue's heads
     interleaved in sections of ``section`` (batch, head)s (0: one after another); ``q_stages``
-    Q tiles (None: the plan's; 2 where it fits; always 1 on the grid launch)."""
+    Q tiles and the epilogue's ``o_store`` (None: the plan's; see ``plan.rescheduled``)."""
     if schedule is None:
         return jax.jit(lambda q, k, v: cb.attention_fwd(q, k, v, None, layout, scale))
 
     def fn(q, k, v):
-        variant = plan.fwd_variant(layout, q.shape[-1], jnp.dtype(q.dtype).name)
-        planned_q = variant.q_stages
-        variant = dataclasses.replace(variant, schedule=schedule, q_stages=1,
-                                      section_bytes=source.section_bytes_of(section, k.shape[1]))
-        if schedule != "grid" and (planned_q if q_stages is None else q_stages) == 2:
-            variant = plan.with_two_q_tiles(variant)
+        variant = plan.rescheduled(plan.fwd_variant(layout, q.shape[-1], jnp.dtype(q.dtype).name), schedule,
+                                   source.section_bytes_of(section, k.shape[1]), q_stages, o_store)
         name, image = plan.compiled(variant)
         grid = plan.grid(q.shape, schedule, ctas or cb._sm_count())
         maps = plan.tensor_maps(variant.block_n, q.shape, k.shape, v.shape)
@@ -104,18 +100,21 @@ def test_reruns_are_bit_identical(schedule):
 def test_forward_schedules_are_bit_identical(case, ctas):
     """Every schedule computes a work tile alike, whichever CTA takes it: on 3 CTAs each one takes
     many tiles (the queue's two ticket slots reused, row blocks that see no key among them); the
-    queue also in sections of 3 (batch, head)s, the last one short; one Q tile and two."""
+    queue also in sections of 3 (batch, head)s, the last one short; one Q tile and two; out
+    stored by TMA (the plan's) and from registers (the grid launch's)."""
     name, sq, skv, left, right, h, hk = case
     layout = _band_layout(sq, skv, left, right)
     q, k, v, _ = _inputs(sq + skv, sq, skv, h, hk, jnp.bfloat16)
     scale = 128**-0.5
     want = [np.asarray(x) for x in _forward(layout, scale, "grid")(q, k, v)]
     assert (2 * h) % 3, "the last section must be short"
-    for schedule, section, q_stages in (("strided", 0, 1), ("strided", 0, 2), ("queue", 0, 1),
-                                        ("queue", 0, 2), ("queue", 3, 2)):
-        got = [np.asarray(x) for x in _forward(layout, scale, schedule, ctas, section, q_stages)(q, k, v)]
+    for schedule, section, q_stages, o_store in (("strided", 0, 1, None), ("strided", 0, 2, None),
+                                                 ("queue", 0, 1, None), ("queue", 0, 2, None),
+                                                 ("queue", 3, 2, None), ("queue", 0, 2, "registers")):
+        run = _forward(layout, scale, schedule, ctas, section, q_stages, o_store)
+        got = [np.asarray(x) for x in run(q, k, v)]
         same = all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
-        assert same, (schedule, section, q_stages)
+        assert same, (schedule, section, q_stages, o_store)
 
 
 @pytest.mark.parametrize(
@@ -203,6 +202,20 @@ def test_backward_reruns_are_bit_identical():
     for _ in range(3):
         again = [np.asarray(x) for x in _grads(q, k, v, do, layout, 0.1)]
         assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
+
+
+def test_backward_sections_do_not_change_the_gradients():
+    """Whatever the heads' sections (one head at a time, two, all), each query block's dQ parts are
+    added in the key blocks' order: the gradients are bit-identical. GQA: a section counts KV heads."""
+    layout = _band_layout(1100, 1100, None, 0)
+    q, k, v, do = _inputs(13, 1100, 1100, 6, 3, jnp.bfloat16)
+    planned = plan.bwd_variant(layout, 128, "bfloat16")
+    want = [np.asarray(x) for x in _grads(q, k, v, do, layout, 0.1, planned)]
+    group_bytes = 4 * 128 * 2 * 1100  # a KV head's two query heads' Q and dO
+    for section in (0, 2 * group_bytes, 1 << 30):
+        variant = dataclasses.replace(planned, section_bytes=section)
+        got = [np.asarray(x) for x in _grads(q, k, v, do, layout, 0.1, variant)]
+        assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True)), section
 
 
 def test_backward_in_arrival_order_is_close():

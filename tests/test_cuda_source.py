@@ -35,6 +35,9 @@ from jax_bindings._cuda import source as gen
         (dict(schedule="queue", section_bytes=True), "section_bytes"),
         (dict(runtime="padding"), "runtime"),
         (dict(runtime="ids", feed="cp.async"), "runtime"),
+        (dict(schedule="queue", o_store="smem"), "o_store"),
+        (dict(o_store="tma"), "o_store"),  # the grid launch
+        (dict(schedule="queue", feed="cp.async", o_store="tma"), "o_store|schedule"),
     ],
 )
 def test_bad_arguments_are_named(kwargs, name):
@@ -83,8 +86,39 @@ def test_shared_memory_fits_the_variants_built():
     assert gen.smem_bytes(3, 176) > limit  # the spike skips it
     assert gen.smem_bytes(2, 128, q_stages=2) == 165504 + 32768 <= limit
     assert gen.smem_bytes(2, 176, q_stages=2) > limit
+    # out's tensor map: one more staging buffer; its rows are staged in the Q tile
+    assert gen.smem_bytes(2, 128, q_stages=2, o_store="tma") == 165504 + 32768 + 128
+    assert gen.smem_bytes(2, 128, "ids", 2, "tma") <= limit
     for stages in (2, 3):  # the kernel lays out what is counted
         assert "BAR_BYTES = 256;" in gen.source(None, None, stages=stages)
+
+
+def test_out_is_stored_by_tma_only_from_a_persistent_band_kernel():
+    """``o_store="tma"`` bakes in the staged epilogue (out's map fourth in the templates, each
+    CTA's slot holding four maps); the grid launch, grid tiles and the cp.async feed refuse it."""
+    assert "O_TMA = true;" in gen.source(255, 255, schedule="strided", o_store="tma")
+    assert "O_TMA = false;" in gen.source(255, 255, schedule="strided")
+    assert gen.SLOT_BYTES == 4 * 128
+    with pytest.raises(ValueError, match="o_store"):
+        gen.source(255, 255, o_store="tma")
+
+
+def test_rescheduled_variants_keep_what_their_schedule_takes():
+    """``plan.rescheduled``: the grid launch gets one Q tile and register stores; a persistent
+    schedule keeps the variant's Q tiles and store unless told, two Q tiles only where they fit."""
+    from jax_bindings._cuda import plan
+    from splat import masks
+
+    window = plan.fwd_variant(masks.sliding_window(255, 255).to_acsr(4096), 128, "bfloat16")
+    grid = plan.rescheduled(window, "grid")
+    assert (grid.schedule, grid.q_stages, grid.o_store) == ("grid", 1, "registers")
+    queue = plan.rescheduled(window, "queue", 3 << 20)
+    got = (queue.schedule, queue.section_bytes, queue.q_stages, queue.o_store)
+    assert got == ("queue", 3 << 20, 2, "tma")
+    one = plan.rescheduled(window, "strided", q_stages=1, o_store="registers")
+    assert (one.q_stages, one.o_store) == (1, "registers")
+    dense = plan.fwd_variant(masks.full().to_acsr(4096), 128, "bfloat16")
+    assert plan.rescheduled(dense, "strided", q_stages=2).q_stages == 1  # no room beside 176-key tiles
 
 
 def test_two_q_tiles_need_a_persistent_schedule():
@@ -120,14 +154,17 @@ def test_the_plan_picks_a_schedule_and_its_grid():
     from jax_bindings._cuda import plan
     from splat import masks
 
-    pick = {name: (v.schedule, v.section_bytes, v.q_stages)
+    pick = {name: (v.schedule, v.section_bytes, v.q_stages, v.o_store)
             for name, mask, runtime in (("dense", masks.full(), ""), ("causal", masks.causal(), ""),
                                         ("window", masks.sliding_window(1023, 0), ""),
                                         ("documents", masks.sliding_window(1023, 0), "ids"))
             for v in [plan.fwd_variant(mask.to_acsr(4096), 128, "bfloat16", runtime)]}
     # a second Q tile wherever it fits: not beside dense's 176-key tiles
-    assert pick == {"dense": ("queue", 0, 1), "causal": ("queue", plan.QUEUE_SECTION_BYTES, 2),
-                    "window": ("strided", 0, 2), "documents": ("strided", 0, 2)}
+    assert pick == {"dense": ("queue", 0, 1, "tma"),
+                    "causal": ("queue", plan.QUEUE_SECTION_BYTES, 2, "tma"),
+                    "window": ("strided", 0, 2, "tma"), "documents": ("strided", 0, 2, "tma")}
+    bwd_pick = plan.bwd_variant(masks.causal().to_acsr(4096), 128, "bfloat16")
+    assert bwd_pick.section_bytes == plan.BWD_SECTION_BYTES
     shape = (2, 1000, 3, 128)  # 8 row blocks, 48 work tiles
     assert plan.grid(shape, "grid", 132) == (8, 3, 2)
     assert plan.grid(shape, "strided", 132) == plan.grid(shape, "queue", 132) == (48, 1, 1)
@@ -154,6 +191,10 @@ VARIANTS = [  # (left, right, source kwargs): the backend's variants, then the s
     (-7, 40, dict(schedule="queue", stages=3)),
     (255, 255, dict(schedule="strided", q_stages=2)),
     (None, 0, dict(schedule="queue", section_bytes=16 << 20, q_stages=2)),
+    (None, 0, dict(schedule="queue", section_bytes=16 << 20, q_stages=2, o_store="tma")),
+    (1023, 0, dict(schedule="strided", q_stages=2, o_store="tma")),
+    (None, None, dict(block_n=176, schedule="queue", o_store="tma")),
+    (-7, 40, dict(schedule="queue", stages=3, o_store="tma")),
     (255, 0, dict(overlap=False, pingpong=False)),
     (255, 0, dict(feed="cp.async")),
     (255, 0, dict(feed="none")),
@@ -206,6 +247,8 @@ BWD_VARIANTS = [  # (left, right, bwd_source kwargs): the bands of tests/cuda_ca
     (256, 256, dict(ordered=False)),
     (40, -30, {}),
     (-1, 60, dict(dtype="float16")),
+    (None, 0, dict(section_bytes=16 << 20)),
+    (1023, 0, dict(section_bytes=1 << 20, ordered=False)),
 ]
 
 
@@ -259,6 +302,16 @@ def test_backward_shared_memory_and_names():
     a, b = (bwd.with_unique_name(bwd.bwd_source(None, 0, ordered=o)) for o in (True, False))
     assert a[0] != b[0] and a[0].startswith("splat_bwd_") and bwd.KERNEL_NAME not in a[1]
     assert "constexpr int LEFT = 1073741824, RIGHT = 0;" in a[1]
+
+
+def test_backward_sections_are_baked_in_and_checked():
+    """``section_bytes``: the (batch, KV head)s whose groups' Q and dO fit it are taken in turn (0:
+    one at a time, the count in the kernel at least 1); bad values are refused by name."""
+    assert f"{16 << 20}LL / (4LL * HD * G" in bwd.bwd_source(None, 0, section_bytes=16 << 20)
+    assert "0LL / (4LL * HD * G" in bwd.bwd_source(None, 0)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="section_bytes"):
+            bwd.bwd_source(None, 0, section_bytes=bad)
 
 
 def test_dq_from_acc_inverts_the_kernels_fragment_order():

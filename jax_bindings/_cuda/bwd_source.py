@@ -207,11 +207,18 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   struct Item {
     int j, hk, b, n0, i_lo, n_i, n_steps, kv_end, in_lo, in_hi;
   };
+  // (batch, KV head)s are taken in sections of `section`, one after another (as many as
+  // SECTION_BYTES of their groups' Q and dO hold, at least one); within one, a key block of each
+  // in turn, so that fewer CTAs at once add to one head's query blocks in the same order
+  const int section =
+      (int)max(1LL, min((long long)(Hkv * B), __SECTION_BYTES__LL / (4LL * HD * G * max(Sq, 1))));
   auto item_of = [&](int ticket) {
     Item it;
-    it.j = nkv - 1 - ticket % nkv;
-    it.hk = (ticket / nkv) % Hkv;
-    it.b = ticket / (nkv * Hkv);
+    const int first = ticket / (section * nkv) * section, size = min(section, Hkv * B - first);
+    const int r = ticket - first * nkv, bh = first + r % size;
+    it.j = nkv - 1 - r / size;
+    it.hk = bh % Hkv;
+    it.b = bh / Hkv;
     it.n0 = it.j * BN;
     int lo = 0, hi = Sq - 1;
     if (RIGHT < __UNBOUNDED__) lo = max(lo, it.n0 - RIGHT);
@@ -514,7 +521,7 @@ BWD_RUNTIME_ARRAYS = ("rt_lens", "rt_q_ids", "rt_kv_ids", "rt_ranges", "rt_last"
 
 
 def bwd_source(left: int | None, right: int | None, *, stages: int = 2, dtype: str = "bfloat16",
-               ordered: bool = True, runtime: str = "") -> str:
+               ordered: bool = True, runtime: str = "", section_bytes: int = 0) -> str:
     """The backward kernel's CUDA C++ for the mask ``i - left <= j <= i + right`` (``None``: unbounded).
 
     ``stages``: depth of the Q/dO ring; ``ordered``: dQ added in a fixed order (bit-identical
@@ -522,8 +529,12 @@ def bwd_source(left: int | None, right: int | None, *, stages: int = 2, dtype: s
     (:data:`source.RUNTIMES`): the runtime mask ANDed with the band, as in the forward; its
     arrays (:data:`BWD_RUNTIME_ARRAYS`, the ids' ranges from
     :func:`jax_bindings._cuda.runtime_tables.bwd_arrays`) follow ``tmap_templates``.
+    ``section_bytes``: items are taken in sections of as many (batch, KV head)s as that many
+    bytes of their Q and dO hold at the call's ``Sq`` (at least one; 0: one), a key block of
+    each in turn, last key blocks first.
     """
     source.check_arguments(left, right, stages, dtype)
+    source.check_section_bytes(section_bytes)
     subs = {
         "__BM__": BM, "__BN__": BN, "__D__": D, "__STAGES__": stages, "__LEFT__": source.bound(left),
         "__RIGHT__": source.bound(right), "__ORDERED__": str(ordered).lower(), "__THREADS__": THREADS,
@@ -531,6 +542,7 @@ def bwd_source(left: int | None, right: int | None, *, stages: int = 2, dtype: s
         "__CONSUMER_WARPS__": source.CONSUMER_WARPS, "__SLOT_BYTES__": SLOT_BYTES,
         "__PRODUCER_REGS__": source.PRODUCER_REGS, "__CONSUMER_REGS__": source.CONSUMER_REGS,
         "__ELEM__": source.ELEMENTS[dtype], "__STAT_BYTES__": STAT_BYTES,
+        "__SECTION_BYTES__": section_bytes,
         **source.runtime_subs(runtime, BWD_RUNTIME_ARRAYS),
     }
     text = (source.HELPERS + _HELPERS + source.wgmma_ss(64) + source.wgmma_ss(64, transposed=True)

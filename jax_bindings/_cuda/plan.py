@@ -40,6 +40,9 @@ class FwdVariant:
     noise of it). ``"grid"``, one CTA per row block, is kept for the spikes and tests.
     ``runtime`` (:data:`source.RUNTIMES`): the runtime mask it takes (lengths, segment ids).
     ``q_stages``: Q tiles in shared memory, 2 where they fit (:func:`with_two_q_tiles`).
+    ``o_store`` (:data:`source.O_STORES`): how the epilogue writes ``out``; the planner's
+    variants store it by TMA from the Q tile (1.03-1.05x on the windows and dense at S = 16384
+    against stores from registers, NOTES.md session 18).
     """
 
     band: acsr.Band
@@ -50,6 +53,7 @@ class FwdVariant:
     section_bytes: int = 0
     runtime: str = ""
     q_stages: int = 1
+    o_store: str = "registers"
 
     def __post_init__(self):
         source.check_schedule(self.schedule)
@@ -59,11 +63,11 @@ class FwdVariant:
         return source.with_unique_name(source.source(
             self.band.left, self.band.right, stages=self.stages, block_n=self.block_n, dtype=self.dtype,
             schedule=self.schedule, section_bytes=self.section_bytes, runtime=self.runtime,
-            q_stages=self.q_stages))
+            q_stages=self.q_stages, o_store=self.o_store))
 
     @property
     def smem(self) -> int:
-        return source.smem_bytes(self.stages, self.block_n, self.runtime, self.q_stages)
+        return source.smem_bytes(self.stages, self.block_n, self.runtime, self.q_stages, self.o_store)
 
 
 @dataclass(frozen=True)
@@ -93,19 +97,21 @@ class GridFwdVariant:
 @dataclass(frozen=True)
 class BwdVariant:
     """One generated backward kernel (:mod:`jax_bindings._cuda.bwd_source`): the band baked in,
-    the Q/dO ring depth, whether dQ is added in a fixed order (bit-identical reruns), and the
-    runtime mask it takes (:data:`source.RUNTIMES`)."""
+    the Q/dO ring depth, whether dQ is added in a fixed order (bit-identical reruns), the
+    runtime mask it takes (:data:`source.RUNTIMES`) and the heads' sections (``section_bytes``,
+    :data:`BWD_SECTION_BYTES` from the planner)."""
 
     band: acsr.Band
     dtype: str
     stages: int = 2
     ordered: bool = True
     runtime: str = ""
+    section_bytes: int = 0
 
     def named_source(self) -> tuple[str, str]:
         return bwd_source.with_unique_name(bwd_source.bwd_source(
             self.band.left, self.band.right, stages=self.stages, dtype=self.dtype, ordered=self.ordered,
-            runtime=self.runtime))
+            runtime=self.runtime, section_bytes=self.section_bytes))
 
     @property
     def smem(self) -> int:
@@ -131,9 +137,15 @@ def _band(layout: ACSR, head_dim: int, dtype: str) -> acsr.Band:
     return band
 
 
+# Q and dO bytes of the (batch, KV head)s whose items the backward takes in turn (a section): 4
+# heads at S = 8192, 2 at 16384, 1 from 32768. Against one head at a time: 1.02-1.05x at 8192,
+# 0.98-1.02x at 16384; 32 and 64 MiB collapse on causal (NOTES.md, session 18).
+BWD_SECTION_BYTES = 16 << 20
+
+
 def bwd_variant(layout: ACSR, head_dim: int, dtype: str, runtime: str = "") -> BwdVariant:
     """The backward kernel for this call, or NotImplementedError saying why none is generated."""
-    return BwdVariant(_band(layout, head_dim, dtype), dtype, runtime=runtime)
+    return BwdVariant(_band(layout, head_dim, dtype), dtype, runtime=runtime, section_bytes=BWD_SECTION_BYTES)
 
 
 # Query rows a key block's walk covers (``left + right + BN``) from which the backend offers
@@ -195,12 +207,12 @@ def fwd_variant(layout: ACSR, head_dim: int, dtype: str, runtime: str = "") -> F
         return grid_fwd_variant(layout, head_dim, dtype, runtime)
     band = _band(layout, head_dim, dtype)
     if band.left is None and band.right is None:
-        return FwdVariant(band, dtype, block_n=176, schedule="queue", runtime=runtime)
+        return FwdVariant(band, dtype, block_n=176, schedule="queue", runtime=runtime, o_store="tma")
     if band.left is None:
         variant = FwdVariant(band, dtype, schedule="queue", section_bytes=QUEUE_SECTION_BYTES,
-                             runtime=runtime)
+                             runtime=runtime, o_store="tma")
     else:
-        variant = FwdVariant(band, dtype, schedule="strided", runtime=runtime)
+        variant = FwdVariant(band, dtype, schedule="strided", runtime=runtime, o_store="tma")
     return with_two_q_tiles(variant)
 
 
@@ -210,6 +222,21 @@ def with_two_q_tiles(variant: FwdVariant) -> FwdVariant:
     the windows, NOTES.md session 17; dense's 176-key tiles leave no room)."""
     two = dataclasses.replace(variant, q_stages=2)
     return two if two.smem <= source.SMEM_LIMIT else variant
+
+
+def rescheduled(variant: FwdVariant, schedule: str, section_bytes: int = 0, q_stages: int | None = None,
+                o_store: str | None = None) -> FwdVariant:
+    """``variant`` in another CTA ``schedule`` (for spikes, tests and the sanitizer): the grid
+    launch with one Q tile and ``out`` stored from registers, the only ones it takes; a persistent
+    schedule with ``q_stages`` Q tiles (2 where they fit, :func:`with_two_q_tiles`) and
+    ``o_store`` (None: the variant's)."""
+    q_stages = variant.q_stages if q_stages is None else q_stages
+    o_store = variant.o_store if o_store is None else o_store
+    if schedule == "grid":
+        q_stages, o_store = 1, "registers"
+    moved = dataclasses.replace(variant, schedule=schedule, section_bytes=section_bytes, q_stages=1,
+                                o_store=o_store)
+    return with_two_q_tiles(moved) if q_stages == 2 else moved
 
 
 @functools.lru_cache(maxsize=64)
@@ -235,11 +262,13 @@ def grid(q_shape: tuple[int, ...], schedule: str, sm_count: int, row_blocks: int
 
 
 def tensor_maps(block_n: int, q_shape, k_shape, v_shape) -> bytes:
-    """The K, V and Q tensor-map templates the kernel takes, 128 bytes each (K/V boxes of
-    ``block_n`` rows, Q boxes of a row block)."""
+    """The K, V, Q and out tensor-map templates the kernel takes, 128 bytes each (K/V boxes of
+    ``block_n`` rows, Q boxes of a row block, out's of a warpgroup's 64 rows; a kernel whose
+    ``o_store`` is ``"registers"`` reads no out map)."""
     return b"".join(
         tensor_map.bshd_template(tuple(shape), rows)
-        for shape, rows in ((k_shape, block_n), (v_shape, block_n), (q_shape, source.BM))
+        for shape, rows in ((k_shape, block_n), (v_shape, block_n), (q_shape, source.BM),
+                            (q_shape, source.BM // 2))
     )
 
 

@@ -76,9 +76,10 @@ KERNEL_NAME = "splat_fwd_wgmma"
 UNBOUNDED = 1 << 30
 FEEDS = {"cp.async": 0, "tma": 1, "none": 2}
 SCHEDULES = {"grid": 0, "strided": 1, "queue": 2}  # how CTAs get their work tiles (see source())
+O_STORES = ("registers", "tma")  # how the epilogue writes out (see source())
 
 
-SLOT_BYTES = 384  # global memory a CTA publishes its K, V and Q tensor maps in
+SLOT_BYTES = 512  # global memory a CTA publishes its K, V, Q and out tensor maps in
 SMEM_LIMIT = 232448  # bytes of shared memory a CTA may opt into on sm_90
 
 
@@ -88,14 +89,17 @@ def bar_bytes(stages: int) -> int:
     return -(-(32 * stages + 72) // 128) * 128
 
 
-def smem_bytes(stages: int, block_n: int = BN, runtime: str = "", q_stages: int = 1) -> int:
+def smem_bytes(stages: int, block_n: int = BN, runtime: str = "", q_stages: int = 1,
+               o_store: str = "registers") -> int:
     """Dynamic shared memory, the same for every schedule: ``q_stages`` Q tiles, ``stages`` K
-    and V tiles, the mbarriers and tickets (:func:`bar_bytes`), three tensor-map staging buffers
-    of 128 bytes, with segment ids (``runtime="ids"``) the key tiles' ids (4 bytes a key), 1 KiB
-    for alignment."""
+    and V tiles, the mbarriers and tickets (:func:`bar_bytes`), a tensor-map staging buffer of
+    128 bytes for each map the kernel publishes (K, V, Q, and out with ``o_store="tma"``, whose
+    rows are staged in the Q tile), with segment ids (``runtime="ids"``) the key tiles' ids (4
+    bytes a key), 1 KiB for alignment."""
     tile = block_n * D * 2
     ids = stages * block_n * 4 if runtime == "ids" else 0
-    return q_stages * BM * D * 2 + 2 * stages * tile + bar_bytes(stages) + 384 + ids + 1024
+    maps = 128 * (4 if o_store == "tma" else 3)
+    return q_stages * BM * D * 2 + 2 * stages * tile + bar_bytes(stages) + maps + ids + 1024
 
 
 def wgmma_ss(n: int, transposed: bool = False) -> str:
@@ -235,6 +239,18 @@ __device__ __forceinline__ void publish_tmap(uint8_t* slot, const uint8_t* tmpl,
     :: "l"(slot), "r"(smem_addr(stage)) : "memory");
   asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" :: "l"(slot) : "memory");
 }
+// one box of a 4-D tensor map from shared memory (coordinates innermost first), in the thread's bulk group
+__device__ __forceinline__ void tma_store_4d(const void* tmap, uint32_t src, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];"
+               :: "l"(tmap), "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
+}
+// a thread that uses a tensor map another warp published (publish_tmap) acquires it first
+__device__ __forceinline__ void tmap_acquire(const void* slot) {
+  asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" :: "l"(slot) : "memory");
+}
+__device__ __forceinline__ void st_shared32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;" :: "r"(addr), "r"(v) : "memory");
+}
 __device__ __forceinline__ void fence_async_smem_always() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
@@ -342,6 +358,11 @@ constexpr uint32_t TILE = BN * HD * 2, QBYTES = BM * HD * 2;
 constexpr uint32_t BAR_BYTES = __BAR_BYTES__;
 static_assert(BAR_BYTES >= 8 * (4 * STAGES + 8) + 8, "the mbarriers and tickets overflow their space");
 static_assert(Q_STAGES == 1 || (Q_STAGES == 2 && SCHEDULE != 0), "two Q tiles need a persistent schedule");
+// the epilogue's out: each warpgroup writes its rows into its half of the work tile's Q slot and
+// stores them by TMA (then the slot is free once the store has read it); else from registers
+constexpr bool O_TMA = __O_TMA__;
+static_assert(!O_TMA || (PERSISTENT && FEED == 1 && !GRID),
+              "a TMA store of out needs a persistent band kernel fed by TMA");
 
 extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
@@ -359,9 +380,9 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   // mbarriers: full_k, full_v, empty_k, empty_v (STAGES each), q_full, q_empty, item_full,
   // item_empty (2 each); then the two ticket slots
   const uint32_t s_bar = s_v + STAGES * TILE;
-  uint8_t* tmap_stage = smem + (s_bar - s_q) + BAR_BYTES;  // 3 x 128 bytes
+  uint8_t* tmap_stage = smem + (s_bar - s_q) + BAR_BYTES;  // K, V, Q (and with O_TMA, out): 128 bytes each
   // with segment ids: the ids of each stage's key tile (BN x 4 bytes), loaded with the K tile
-  const uint32_t s_ids = s_bar + BAR_BYTES + 384;
+  const uint32_t s_ids = s_bar + BAR_BYTES + (O_TMA ? 512 : 384);
   const int kv_ids_stride = (Skv + BN - 1) / BN * BN;  // rt_kv_ids is [B, Skv] padded to whole tiles
   auto full_k = [&](int s) { return s_bar + 8 * s; };
   auto full_v = [&](int s) { return s_bar + 8 * (STAGES + s); };
@@ -476,6 +497,13 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     i[0] = t / (nt2 * nt1);
   };
 
+  // this CTA's tensor maps: K, V, Q, out (128 bytes each)
+  const size_t cta = ((size_t)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+  uint8_t* gk = tmap_slots + cta * __SLOT_BYTES__;
+  uint8_t* go = gk + 384;
+  // out's map, published before the CTA's first barrier by consumer warp 0 (the producer warp
+  // publishes the others); the thread of each warpgroup that stores acquires it after the barrier
+  if (O_TMA && warp == 0) publish_tmap(go, tmap_templates + 384, tmap_stage + 384, out, lane);
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(full_k(s), FEED == 1 ? 1 : __PRODUCER_WARPS__ * 32);
@@ -485,7 +513,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     }
     for (int slot = 0; slot < 2; ++slot) {
       mbar_init(q_full(slot), 1);
-      mbar_init(q_empty(slot), __CONSUMER_WARPS__);
+      mbar_init(q_empty(slot), O_TMA ? 2 : __CONSUMER_WARPS__);
       mbar_init(item_full(slot), 1);
       mbar_init(item_empty(slot), __CONSUMER_WARPS__);
     }
@@ -501,8 +529,6 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     if constexpr (FEED == 1) {
       // TMA: one warp publishes this CTA's tensor maps; its lane 0 issues every copy
       if (pt >= 32) return;
-      const size_t cta = ((size_t)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-      uint8_t* gk = tmap_slots + cta * __SLOT_BYTES__;
       uint8_t* gv = gk + 128;
       uint8_t* gq = gk + 256;
       publish_tmap(gk, tmap_templates, tmap_stage, k, lane);
@@ -610,6 +636,18 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   // ---- consumers: warpgroup wg owns rows m0 + 64 wg .. + 63 of each work tile ----
   // warp-uniform (through a shuffle), so that what derives from it can live in uniform registers
   const int wg = __shfl_sync(0xffffffff, warp / 4, 0), wt = tid % 128;
+  // O_TMA: the Q slot of the last work tile, which that tile's out is being stored from (-1:
+  // none), released to the producer once the store has read it: by the warpgroup's thread 0,
+  // after the next walk's first products are issued (the read is long done by then)
+  int o_slot = -1;
+  if (O_TMA && wt == 0) tmap_acquire(go);
+  auto release_stored_q = [&]() {
+    if (O_TMA && wt == 0 && o_slot >= 0) {
+      asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+      mbar_arrive(q_empty(o_slot));
+      o_slot = -1;
+    }
+  };
   // the current work tile's first row and key tile, this thread's two rows (grid: their tokens,
   // Sq for a patch's rows past the grid)
   int m0 = 0, t0 = 0, rows[2] = {0, 0};
@@ -859,6 +897,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     qk(stage(0));
     wgmma_commit();
     turn_pass();
+    release_stored_q();
     grid_mask();
     wgmma_wait<0>();
     fence_regs<SN>(sc);
@@ -890,8 +929,9 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
       rescale_o();
       to_p();
     }
-    // every product reading Q is complete: the producer may load the next work tile's
-    if (PERSISTENT && lane == 0) mbar_arrive(q_empty(qn % Q_STAGES));
+    // every product reading Q is complete: the producer may load the next work tile's (with
+    // O_TMA, once out is stored from the slot)
+    if (PERSISTENT && !O_TMA && lane == 0) mbar_arrive(q_empty(qn % Q_STAGES));
     const int sl = stage(n_tiles - 1);
     mbar_wait(full_v(sl), phase(n_tiles - 1));
     fence_async_smem();
@@ -913,6 +953,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
       qk(s);
       wgmma_commit();
       turn_pass();
+      if (t == 0) release_stored_q();
       grid_mask();
       wgmma_wait<0>();
       fence_regs<SN>(sc);
@@ -932,7 +973,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
       fence_regs<64>(o);
       if (lane == 0) mbar_arrive(empty_v(s));
     }
-    if (PERSISTENT && lane == 0) mbar_arrive(q_empty(qn % Q_STAGES));
+    if (PERSISTENT && !O_TMA && lane == 0) mbar_arrive(q_empty(qn % Q_STAGES));
   }
   ring += n_tiles;
   ++qn;
@@ -945,23 +986,51 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     sum[i] += __shfl_xor_sync(0xffffffff, sum[i], 2);
   }
   const float ln2 = 0.6931471805599453f;
+  // O_TMA, after a walk: out into the warpgroup's rows of the tile's Q slot (in the layout Q
+  // came in: the stores of a warp hit every bank once), then one TMA store of those 64 rows a
+  // 64-column block (rows past Sq are clipped). Else (and for a tile that walked nothing, which
+  // holds no Q slot), from registers.
+  const bool staged = O_TMA && n_tiles > 0;
+  const uint32_t s_o = s_q + ((qn + Q_STAGES - 1) % Q_STAGES) * QBYTES;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int row = rows[i];
-    if (row >= Sq) continue;
+    if (row >= Sq && !staged) continue;
     if (row >= x.q_end) sum[i] = 0.f;  // padding: out = 0, lse = -inf
     const float inv = sum[i] > 0.f ? 1.f / sum[i] : 0.f;
-    uint16_t* orow = out + (((size_t)x.b * Sq + row) * H + x.h) * HD;
+    if (staged) {
+      const int r = 64 * wg + 16 * (warp % 4) + lane / 4 + 8 * i;  // the row in the tile
 #pragma unroll
-    for (int e = 2 * i; e < 64; e += 4) {
-      const int col = (e / 4) * 8 + 2 * (lane % 4);
-      *reinterpret_cast<uint32_t*>(orow + col) = pack2(o[e] * inv, o[e + 1] * inv);
+      for (int e = 2 * i; e < 64; e += 4)
+        st_shared32(s_o + swz(r, e / 4, BM) + 4 * (lane % 4), pack2(o[e] * inv, o[e + 1] * inv));
+    } else {
+      uint16_t* orow = out + (((size_t)x.b * Sq + row) * H + x.h) * HD;
+#pragma unroll
+      for (int e = 2 * i; e < 64; e += 4) {
+        const int col = (e / 4) * 8 + 2 * (lane % 4);
+        *reinterpret_cast<uint32_t*>(orow + col) = pack2(o[e] * inv, o[e + 1] * inv);
+      }
     }
-    if (lane % 4 == 0)
+    if (lane % 4 == 0 && row < Sq)
       lse[((size_t)x.b * H + x.h) * Sq + row] =
           sum[i] > 0.f ? mx[i] * scale_log2 * ln2 + logf(sum[i]) : NEG_INF;
   }
+  if (staged) {
+    fence_async_smem_always();
+    named_sync(1 + wg, 128);
+    if (wt == 0) {
+      const int m = x.m0 + 64 * wg;
+      tma_store_4d(go, s_o + 64 * wg * 128, 0, x.h, m, x.b);
+      tma_store_4d(go, s_o + BM * 128 + 64 * wg * 128, 64, x.h, m, x.b);
+      asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+      o_slot = (qn + Q_STAGES - 1) % Q_STAGES;
+    }
+    // with one Q slot the next tile's Q waits for it: released now
+    if (Q_STAGES == 1) release_stored_q();
   }
+  }
+  // the last stores are complete before the CTA's shared memory goes
+  if (O_TMA && wt == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
   if (PINGPONG && wg == 0 && qn > 0) named_sync(3, 256);  // warpgroup 1's last pass
   }
 }
@@ -989,6 +1058,11 @@ def check_schedule(schedule: str) -> None:
     """ValueError naming ``schedule`` unless it is one of :data:`SCHEDULES`."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}, got {schedule!r}")
+
+
+def check_section_bytes(section_bytes) -> None:
+    if type(section_bytes) is not int or not 0 <= section_bytes < 2**40:
+        raise ValueError(f"section_bytes must be an int in [0, 2**40), got {section_bytes!r}")
 
 
 def bound(x: int | None) -> int:
@@ -1044,7 +1118,7 @@ def grid_subs(grid) -> dict[str, str]:
 def source(left: int | None, right: int | None, *, stages: int = 2, overlap: bool = True,
            pingpong: bool = True, feed: str = "tma", proxy_fence: bool | None = None,
            block_n: int = BN, dtype: str = "bfloat16", schedule: str = "grid", section_bytes: int = 0,
-           runtime: str = "", grid=None, q_stages: int = 1) -> str:
+           runtime: str = "", grid=None, q_stages: int = 1, o_store: str = "registers") -> str:
     """The kernel's CUDA C++ for the mask ``i - left <= j <= i + right`` (``None``: unbounded).
 
     ``feed``: how K/V reach shared memory: ``"tma"`` (tensor maps: ``tmap_templates`` holds K's,
@@ -1077,6 +1151,11 @@ def source(left: int | None, right: int | None, *, stages: int = 2, overlap: boo
     ``q_stages``: Q tiles in shared memory, 1 or 2 (2 needs a persistent ``schedule``): with 2
     the producer loads the next work tile's Q, then its first K and V tiles, while the consumers
     still walk the current one; with 1 it waits until the current tile's last ``Q K^T`` is done.
+    ``o_store``: how the epilogue writes ``out``: ``"registers"``, each thread its values; ``"tma"``
+    (a persistent band kernel fed by TMA), each warpgroup its rows into its half of the tile's Q
+    slot, then two TMA stores (``tmap_templates`` then holds out's map, boxes of 64 rows, fourth);
+    the slot goes back to the producer once the stores have read it: after the next walk's first
+    products with two Q tiles, at once with one.
     ``proxy_fence``: the consumers' generic -> async proxy fence after each wait (needed for
     cp.async; default on for it only). ``block_n``:
     keys per tile (the wgmma N of ``Q K^T``). V's MN-major descriptor has the 64-column block
@@ -1093,11 +1172,15 @@ def source(left: int | None, right: int | None, *, stages: int = 2, overlap: boo
     check_arguments(left, right, stages, dtype)
     if runtime == "ids" and feed != "tma":
         raise ValueError(f"runtime='ids' needs feed='tma' (key ids come with K by bulk copy), got {feed!r}")
-    if type(section_bytes) is not int or not 0 <= section_bytes < 2**40:
-        raise ValueError(f"section_bytes must be an int in [0, 2**40), got {section_bytes!r}")
+    check_section_bytes(section_bytes)
     if q_stages not in (1, 2) or (q_stages == 2 and schedule == "grid"):
         raise ValueError(f"q_stages must be 1, or 2 with a persistent schedule, got q_stages={q_stages!r} "
                          f"with schedule={schedule!r}")
+    if o_store not in O_STORES:
+        raise ValueError(f"o_store must be one of {O_STORES}, got {o_store!r}")
+    if o_store == "tma" and (schedule == "grid" or feed != "tma" or grid is not None):
+        raise ValueError(f"o_store='tma' needs a persistent schedule, feed='tma' and no grid tiles, got "
+                         f"schedule={schedule!r}, feed={feed!r}, grid={grid!r}")
     if grid is not None:
         if schedule == "grid" or runtime or left is not None or right is not None:
             raise ValueError(f"grid tiles need a persistent schedule, no runtime mask and no band, got "
@@ -1116,6 +1199,7 @@ def source(left: int | None, right: int | None, *, stages: int = 2, overlap: boo
         "__SCHEDULE__": SCHEDULES[schedule], "__SLOT_BYTES__": SLOT_BYTES, "__BAR_BYTES__": bar_bytes(stages),
         "__PRODUCER_REGS__": PRODUCER_REGS, "__CONSUMER_REGS__": CONSUMER_REGS, "__ELEM__": ELEMENTS[dtype],
         "__SECTION_BYTES__": section_bytes, "__Q_STAGES__": q_stages,
+        "__O_TMA__": str(o_store == "tma").lower(),
         **runtime_subs(runtime, FWD_RUNTIME_ARRAYS), **grid_subs(grid),
     }
     text = HELPERS + wgmma_ss(block_n) + wgmma_rs(D) + _KERNEL
