@@ -74,6 +74,32 @@ def test_time_call_counts_and_median():
     assert t["ms"] == float(np.median(t["samples_ms"])) and t["ms_min"] == min(t["samples_ms"])
 
 
+def test_interleaved_rounds_rotate_and_drop_a_failing_sampler():
+    """Warmups first, then one sample of each sampler a round, round r starting at the r-th; a
+    sampler that raises leaves the rounds and is reported, the others keep all their samples."""
+    order = []
+
+    def run(name):
+        def call():
+            order.append(name)
+            if name == "c" and order.count("c") == 3:  # c's warmup, its first sample, then it fails
+                raise RuntimeError("device lost")
+
+        return call
+
+    samplers = {n: timing.Sampler(run(n)) for n in "abc"}
+    results, errors = timing.time_interleaved(samplers, warmup=1, repeats=3)
+    assert order == ["a", "b", "c", "a", "b", "c", "b", "c", "a", "a", "b"]
+    assert set(results) == {"a", "b"} and list(errors) == ["c"] and "device lost" in str(errors["c"])
+    assert all(len(r["samples_ms"]) == 3 and r["timing"] == "one blocking call" for r in results.values())
+
+
+def test_a_sampler_alone_is_time_call():
+    calls = []
+    t = timing.Sampler(lambda: calls.append(1)).alone(warmup=1, repeats=4)
+    assert len(calls) == 5 and len(t["samples_ms"]) == 4 and t["per_sample"] == 1
+
+
 @pytest.mark.parametrize(
     "kw, match",
     [
@@ -245,7 +271,8 @@ def test_bench_json_fields(bench_result, tmp_path):
     s = r["settings"]
     assert (s["heads"], s["head_dim"], s["batch"], s["lengths"], s["mode"]) == (2, 16, 1, [64], "both")
     assert s["patterns"] == ["window", "dilated"]
-    assert r["flop_formula"] == bench.FLOP_FORMULA and r["timing_method"] == timing.TIMING_METHOD
+    assert r["flop_formula"] == bench.FLOP_FORMULA
+    assert r["timing_method"] == f"{timing.TIMING_METHOD} {timing.INTERLEAVING}"
     assert s["per_sample"] == (10 if jax.default_backend() == "gpu" else 1)
     dense = [x for x in r["results"] if x["impl"] == "dense_xla"]
     assert {(x["pattern"], x["mode"]) for x in dense} == {

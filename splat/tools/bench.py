@@ -2,7 +2,8 @@
 
 Every implementation (see :mod:`splat.tools.peers`) gets the same random
 inputs; each is compiled and run once, then sampled ``warmup`` times untimed and
-``repeats`` times timed; the median is reported. A sample makes calls back to
+``repeats`` times timed, the peers of a (pattern, S, mode) in rounds of one
+sample each (:data:`splat.tools.timing.INTERLEAVING`); the median is reported. A sample makes calls back to
 back and waits for the device once: on a GPU at least 10 calls and at least
 20 ms, a JAX peer's calls chained 10 to an executable; one call on the CPU (see
 :mod:`splat.tools.timing`).
@@ -60,7 +61,7 @@ import numpy as np
 from splat.tools import grid_view
 from splat.tools.check import CHECK_RULE, OutputCheck, short_error
 from splat.tools.peers import PEERS, PeerUnavailable, Problem
-from splat.tools.timing import TIMING_METHOD, on_gpu, sampling
+from splat.tools.timing import INTERLEAVING, TIMING_METHOD, on_gpu, sampling, time_interleaved
 
 __all__ = [
     "BenchConfig",
@@ -413,18 +414,22 @@ def run_bench(
                     "nnz": int(layout.nnz),
                     "density": float(layout.density()),
                 }
-                rows = {}
+                rows, ready = {}, {}  # ready: peer -> (prepared, verdict)
                 for peer in peer_names:
                     try:
                         prepared = PEERS[peer].prepare(problem)
-                        verdict = check.verdict(peer, prepared, problem)
-                        t = prepared.time(config.warmup, config.repeats, per_sample, min_sample_ms)
+                        ready[peer] = prepared, check.verdict(peer, prepared, problem)
                     except PeerUnavailable as e:
                         skip(base, peer, str(e), check)
-                        continue
                     except Exception as e:  # a peer that crashes must not end the run; record why
                         skip(base, peer, f"error: {short_error(e)}", check)
-                        continue
+                # every peer ready is timed in the same rounds (INTERLEAVING)
+                samplers = {peer: ready[peer][0].sampler(per_sample, min_sample_ms) for peer in ready}
+                timed, failed = time_interleaved(samplers, config.warmup, config.repeats)
+                for peer, e in failed.items():
+                    skip(base, peer, f"error: {short_error(e)}", check)
+                for peer, t in timed.items():
+                    prepared, verdict = ready[peer]
                     row = {
                         **base,
                         "impl": peer,
@@ -466,7 +471,7 @@ def run_bench(
         },
         "flop_formula": FLOP_FORMULA,
         "ratio_definition": RATIO_DEFINITION,
-        "timing_method": TIMING_METHOD,
+        "timing_method": f"{TIMING_METHOD} {INTERLEAVING}",
         "check_rule": CHECK_RULE,
         "results": results,
         "skipped": skipped,
@@ -583,7 +588,7 @@ def _fmt_bytes(n) -> str:
 
 def format_table(result: dict) -> str:
     """The results as a text table (plus skips, memory and build sections when present)."""
-    lines = [FLOP_FORMULA, RATIO_DEFINITION, TIMING_METHOD, ""]
+    lines = [FLOP_FORMULA, RATIO_DEFINITION, result.get("timing_method", TIMING_METHOD), ""]
     hdr = (
         f"{'pattern':24s} {'S':>7s} {'mode':6s} {'impl':13s} {'ms':>10s} {'TFLOP/s':>9s} {'x splat':>8s} "
         f"{'temp MiB':>9s} {'check':>5s}  note"

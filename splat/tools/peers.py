@@ -48,7 +48,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from splat.tools.mask_forms import band_of, flash_attn3_arguments, mask_expression
-from splat.tools.timing import compile_timed, time_call
+from splat.tools.timing import Sampler, compile_timed
 
 __all__ = [
     "FLASH_ATTN3_HEAD_DIMS",
@@ -137,18 +137,20 @@ class Prepared:
     # splat's own peers: the jax_bindings backend that ran (splat_backend()); None for other peers
     splat_backend: str | None = None
 
-    def time(self, warmup: int, repeats: int, per_sample: int, min_sample_ms: float) -> dict:
-        """:func:`splat.tools.timing.time_call` of this run: its launches and syncs when it has them."""
-        return time_call(
+    def sampler(self, per_sample: int, min_sample_ms: float) -> Sampler:
+        """A :class:`splat.tools.timing.Sampler` of this run: its launches and syncs when it has them."""
+        return Sampler(
             self.run,
-            warmup,
-            repeats,
             launch=self.launch,
             sync=self.sync,
             per_sample=per_sample,
             calls_per_launch=self.calls_per_launch,
             min_sample_ms=min_sample_ms,
         )
+
+    def time(self, warmup: int, repeats: int, per_sample: int, min_sample_ms: float) -> dict:
+        """:func:`splat.tools.timing.time_call` of this run, alone (see :meth:`sampler`)."""
+        return self.sampler(per_sample, min_sample_ms).alone(warmup, repeats)
 
 
 @dataclass(frozen=True)

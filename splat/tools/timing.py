@@ -1,9 +1,11 @@
 """How ``splat bench`` times a call: samples of calls back to back, JAX calls chained in one executable.
 
-:func:`time_call` takes the samples; :func:`sampling` is the policy (how many
-calls a sample makes here); :func:`chain` and :func:`compile_timed` build the
-one executable that makes a JAX peer's calls without host dispatch between
-them. :data:`TIMING_METHOD` says all of it in words and lands in every JSON.
+:func:`time_call` takes one callable's samples, :func:`time_interleaved` several
+callables' in alternating rounds (a :class:`Sampler` each); :func:`sampling` is
+the policy (how many calls a sample makes here); :func:`chain` and
+:func:`compile_timed` build the one executable that makes a JAX peer's calls
+without host dispatch between them. :data:`TIMING_METHOD` says all of it in
+words and lands in every JSON.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import statistics
 import time
 from collections.abc import Callable, Mapping
 
-__all__ = ["TIMING_METHOD", "chain", "compile_timed", "on_gpu", "sampling", "time_call"]
+__all__ = ["INTERLEAVING", "TIMING_METHOD", "Sampler", "chain", "compile_timed", "on_gpu", "sampling",
+           "time_call", "time_interleaved"]
 
 TIMING_METHOD = (
     "ms per call = wall clock of one sample / the calls it made (the row's per_sample). A sample is "
@@ -24,6 +27,12 @@ TIMING_METHOD = (
     "previous dq, and all inputs pass through lax.optimization_barrier with the previous outputs, so "
     "XLA neither merges, hoists nor drops calls), as attention inside a jitted training step: no host "
     "dispatch between calls. Torch peers: one launch is one call. Each row's 'timing' says which."
+)
+# how time_interleaved takes several peers' samples, said where a tool times that way
+INTERLEAVING = (
+    "The peers of a (pattern, S, mode) are sampled in interleaved rounds: after each one's warmup, "
+    "every round takes one sample of each peer, the first peer of a round rotating, so that a drift "
+    "of the device's clock or temperature while the row is timed reaches all peers alike."
 )
 
 
@@ -38,6 +47,72 @@ def sampling() -> tuple[int, float]:
     """``(per_sample, min_sample_ms)`` for :func:`time_call` here: on a GPU at least 10
     calls (a JAX launch chains 10) and 20 ms per sample; on a CPU one call (TIMING_METHOD)."""
     return (10, 20.0) if on_gpu() else (1, 0.0)
+
+
+class Sampler:
+    """Samples of one callable, taken as :func:`time_call` describes: :meth:`warm` (the warmup
+    samples, then the number of launches a sample makes), :meth:`sample` (one timed sample, ms a
+    call), :meth:`result` (the samples as :func:`time_call` returns them)."""
+
+    def __init__(
+        self,
+        run: Callable[[], None] | None,
+        *,
+        launch: Callable[[], None] | None = None,
+        sync: Callable[[], None] | None = None,
+        per_sample: int = 1,
+        calls_per_launch: int = 1,
+        min_sample_ms: float = 0.0,
+    ):
+        self.blocking = launch is None or sync is None
+        if self.blocking:
+            launch, sync, per_sample, calls_per_launch, min_sample_ms = run, (lambda: None), 1, 1, 0.0
+        elif per_sample % calls_per_launch:
+            raise ValueError(
+                f"per_sample {per_sample} is not a multiple of calls_per_launch {calls_per_launch}")
+        self.launch, self.sync = launch, sync
+        self.calls_per_launch, self.min_sample_ms = calls_per_launch, min_sample_ms
+        self.launches = per_sample // calls_per_launch
+
+    def sample(self) -> float:
+        """One sample: ``launches`` launches back to back, one sync; ms a call."""
+        t0 = time.perf_counter()
+        for _ in range(self.launches):
+            self.launch()
+        self.sync()
+        return (time.perf_counter() - t0) * 1e3 / (self.launches * self.calls_per_launch)
+
+    def warm(self, warmup: int) -> None:
+        """``warmup`` untimed samples; then, with ``min_sample_ms``, more launches a sample where
+        one sample (timed after the warmup) lasts less."""
+        for _ in range(warmup):
+            self.sample()
+        if self.min_sample_ms > 0:
+            sample_ms = self.sample() * self.launches * self.calls_per_launch
+            wanted = math.ceil(self.launches * self.min_sample_ms / max(sample_ms, 1e-6))
+            self.launches = max(self.launches, wanted)
+
+    def alone(self, warmup: int, repeats: int) -> dict:
+        """:meth:`warm`, then ``repeats`` samples back to back: their :meth:`result`."""
+        self.warm(warmup)
+        return self.result([self.sample() for _ in range(repeats)])
+
+    def result(self, times: list[float]) -> dict:
+        """``{"ms", "ms_min", "samples_ms", "per_sample", "calls_per_launch", "timing"}`` of ``times``."""
+        if self.blocking:
+            timing = "one blocking call"
+        elif self.calls_per_launch > 1:
+            timing = f"{self.launches} x {self.calls_per_launch} calls chained in one executable, one sync"
+        else:
+            timing = f"{self.launches} launch{'es' if self.launches > 1 else ''}, one sync"
+        return {
+            "ms": statistics.median(times),
+            "ms_min": min(times),
+            "samples_ms": times,
+            "per_sample": self.launches * self.calls_per_launch,
+            "calls_per_launch": self.calls_per_launch,
+            "timing": timing,
+        }
 
 
 def time_call(
@@ -65,40 +140,41 @@ def time_call(
       ``{"ms", "ms_min", "samples_ms", "per_sample", "calls_per_launch", "timing"}``;
       ``per_sample`` is the calls a timed sample made, ``timing`` says how in words.
     """
-    blocking = launch is None or sync is None
-    if blocking:
-        launch, sync, per_sample, calls_per_launch, min_sample_ms = run, (lambda: None), 1, 1, 0.0
-    elif per_sample % calls_per_launch:
-        raise ValueError(f"per_sample {per_sample} is not a multiple of calls_per_launch {calls_per_launch}")
-    launches = per_sample // calls_per_launch
+    sampler = Sampler(run, launch=launch, sync=sync, per_sample=per_sample, calls_per_launch=calls_per_launch,
+                      min_sample_ms=min_sample_ms)
+    return sampler.alone(warmup, repeats)
 
-    def sample() -> float:
-        t0 = time.perf_counter()
-        for _ in range(launches):
-            launch()
-        sync()
-        return (time.perf_counter() - t0) * 1e3 / (launches * calls_per_launch)
 
-    for _ in range(warmup):
-        sample()
-    if min_sample_ms > 0:
-        sample_ms = sample() * launches * calls_per_launch
-        launches = max(launches, math.ceil(launches * min_sample_ms / max(sample_ms, 1e-6)))
-    times = [sample() for _ in range(repeats)]
-    if blocking:
-        timing = "one blocking call"
-    elif calls_per_launch > 1:
-        timing = f"{launches} x {calls_per_launch} calls chained in one executable, one sync"
-    else:
-        timing = f"{launches} launch{'es' if launches > 1 else ''}, one sync"
-    return {
-        "ms": statistics.median(times),
-        "ms_min": min(times),
-        "samples_ms": times,
-        "per_sample": launches * calls_per_launch,
-        "calls_per_launch": calls_per_launch,
-        "timing": timing,
-    }
+def time_interleaved(
+    samplers: Mapping[str, Sampler], warmup: int, repeats: int
+) -> tuple[dict[str, dict], dict[str, Exception]]:
+    """The samplers' :meth:`Sampler.result`, their samples taken in ``repeats`` rounds of one
+    sample each (after every one's warmup), round ``r`` starting at the ``r``-th sampler (in
+    ``samplers``' order) and going round, so that no sampler always follows the same one.
+
+    A sampler that raises is dropped from the rounds. Returns ``(results, errors)``, each keyed
+    by the samplers' names; every name is in exactly one of them.
+    """
+    names, errors = list(samplers), {}
+
+    def attempt(name: str, fn: Callable[[], object]):
+        try:
+            return fn()
+        except Exception as e:  # a peer that fails mid-run must not end the others' timing
+            errors[name] = e
+            return None
+
+    for name in names:
+        attempt(name, lambda name=name: samplers[name].warm(warmup))
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(repeats):
+        for i in range(len(names)):
+            name = names[(r + i) % len(names)]
+            if name not in errors:
+                ms = attempt(name, samplers[name].sample)
+                if ms is not None:
+                    times[name].append(ms)
+    return {name: samplers[name].result(times[name]) for name in names if name not in errors}, errors
 
 
 def chain(fn: Callable, n: int, feed: Mapping[int, int]) -> Callable:
