@@ -138,8 +138,9 @@ def _band(layout: ACSR, head_dim: int, dtype: str) -> acsr.Band:
 
 
 # Q and dO bytes of the (batch, KV head)s whose items the backward takes in turn (a section): 4
-# heads at S = 8192, 2 at 16384, 1 from 32768. Against one head at a time: 1.02-1.05x at 8192,
-# 0.98-1.02x at 16384; 32 and 64 MiB collapse on causal (NOTES.md, session 18).
+# heads at S = 8192, 2 at 16384, 1 from 32768. Against one head at a time, two runs: dense 1.04-
+# 1.05x, causal 1.01-1.04x, the windows 1.00-1.04x at 8192; 0.98-1.02x at 16384; 24 MiB and more
+# lose 7-43% on causal (NOTES.md, session 18).
 BWD_SECTION_BYTES = 16 << 20
 
 
