@@ -145,7 +145,8 @@ def test_every_schedule_has_one_signature_and_the_queue_takes_tickets():
     names = {gen.with_unique_name(gen.source(1023, 0, schedule=s))[0] for s in gen.SCHEDULES}
     assert len(names) == len(gen.SCHEDULES)
     sections = gen.source(None, 0, schedule="queue", section_bytes=16 << 20)
-    assert f"{16 << 20}LL / (4LL * HD" in sections and "0LL / (4LL * HD" in queue
+    baked = "heads_per_section({}LL, 4LL * HD * max(Skv, 1), H * B)"
+    assert baked.format(16 << 20) in sections and baked.format(0) in queue
     assert gen.section_bytes_of(3, 1000) == 3 * 4 * gen.D * 1000  # the kernel's count, mirrored
     assert gen.with_unique_name(sections)[0] != gen.with_unique_name(gen.source(None, 0, schedule="queue"))[0]
 
@@ -307,8 +308,9 @@ def test_backward_shared_memory_and_names():
 def test_backward_sections_are_baked_in_and_checked():
     """``section_bytes``: the (batch, KV head)s whose groups' Q and dO fit it are taken in turn (0:
     one at a time, the count in the kernel at least 1); bad values are refused by name."""
-    assert f"{16 << 20}LL / (4LL * HD * G" in bwd.bwd_source(None, 0, section_bytes=16 << 20)
-    assert "0LL / (4LL * HD * G" in bwd.bwd_source(None, 0)
+    baked = "heads_per_section({}LL, 4LL * HD * G * max(Sq, 1), Hkv * B)"
+    assert baked.format(16 << 20) in bwd.bwd_source(None, 0, section_bytes=16 << 20)
+    assert baked.format(0) in bwd.bwd_source(None, 0)
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="section_bytes"):
             bwd.bwd_source(None, 0, section_bytes=bad)

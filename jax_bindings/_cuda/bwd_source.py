@@ -207,18 +207,16 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   struct Item {
     int j, hk, b, n0, i_lo, n_i, n_steps, kv_end, in_lo, in_hi;
   };
-  // (batch, KV head)s are taken in sections of `section`, one after another (as many as
-  // SECTION_BYTES of their groups' Q and dO hold, at least one); within one, a key block of each
-  // in turn, so that fewer CTAs at once add to one head's query blocks in the same order
-  const int section =
-      (int)max(1LL, min((long long)(Hkv * B), __SECTION_BYTES__LL / (4LL * HD * G * max(Sq, 1))));
+  // (batch, KV head)s are taken in sections (as many as SECTION_BYTES of their groups' Q and dO
+  // hold), a key block of each in turn, so that fewer CTAs at once add to one head's query blocks
+  // in the same order
+  const int section = heads_per_section(__SECTION_BYTES__LL, 4LL * HD * G * max(Sq, 1), Hkv * B);
   auto item_of = [&](int ticket) {
     Item it;
-    const int first = ticket / (section * nkv) * section, size = min(section, Hkv * B - first);
-    const int r = ticket - first * nkv, bh = first + r % size;
-    it.j = nkv - 1 - r / size;
-    it.hk = bh % Hkv;
-    it.b = bh / Hkv;
+    const int2 at = in_section(ticket, section, nkv, Hkv * B);
+    it.j = at.y;
+    it.hk = at.x % Hkv;
+    it.b = at.x / Hkv;
     it.n0 = it.j * BN;
     int lo = 0, hi = Sq - 1;
     if (RIGHT < __UNBOUNDED__) lo = max(lo, it.n0 - RIGHT);

@@ -98,8 +98,14 @@ def smem_bytes(stages: int, block_n: int = BN, runtime: str = "", q_stages: int 
     bytes a key), 1 KiB for alignment."""
     tile = block_n * D * 2
     ids = stages * block_n * 4 if runtime == "ids" else 0
-    maps = 128 * (4 if o_store == "tma" else 3)
+    maps = map_stage_bytes(o_store)
     return q_stages * BM * D * 2 + 2 * stages * tile + bar_bytes(stages) + maps + ids + 1024
+
+
+def map_stage_bytes(o_store: str) -> int:
+    """Shared memory of the tensor-map staging buffers: 128 bytes for each of K, V, Q (and out
+    with ``o_store="tma"``)."""
+    return 128 * (4 if o_store == "tma" else 3)
 
 
 def wgmma_ss(n: int, transposed: bool = False) -> str:
@@ -224,6 +230,10 @@ __device__ __forceinline__ void tma_load_5d(uint32_t dst, const void* tmap, uint
     " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];"
     :: "r"(dst), "l"(tmap), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(bar) : "memory");
 }
+// a thread that uses a tensor map another warp published (publish_tmap) acquires it first
+__device__ __forceinline__ void tmap_acquire(const void* slot) {
+  asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" :: "l"(slot) : "memory");
+}
 // A warp publishes the template tensor map `tmpl` with its base address set to `base` in the global
 // slot `slot` (128 bytes), through the shared-memory staging buffer `stage` (128-byte aligned).
 __device__ __forceinline__ void publish_tmap(uint8_t* slot, const uint8_t* tmpl, uint8_t* stage,
@@ -237,16 +247,24 @@ __device__ __forceinline__ void publish_tmap(uint8_t* slot, const uint8_t* tmpl,
   asm volatile(
     "tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu.sync.aligned [%0], [%1], 128;"
     :: "l"(slot), "r"(smem_addr(stage)) : "memory");
-  asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" :: "l"(slot) : "memory");
+  tmap_acquire(slot);
+}
+// Sections of (batch, head)s: `heads` of them, each with `per_head` work items, are taken in
+// sections of as many as `budget` bytes hold at `head_bytes` (> 0) a head (at least one), a section
+// after another; within one, an item of each head in turn. heads_per_section: the section's
+// size; in_section: work item w's head and its item counted from the head's last (x, y).
+__device__ __forceinline__ int heads_per_section(long long budget, long long head_bytes, int heads) {
+  return (int)max(1LL, min((long long)heads, budget / head_bytes));
+}
+__device__ __forceinline__ int2 in_section(int w, int section, int per_head, int heads) {
+  const int first = w / (section * per_head) * section, size = min(section, heads - first);
+  const int r = w - first * per_head;
+  return make_int2(first + r % size, per_head - 1 - r / size);
 }
 // one box of a 4-D tensor map from shared memory (coordinates innermost first), in the thread's bulk group
 __device__ __forceinline__ void tma_store_4d(const void* tmap, uint32_t src, int c0, int c1, int c2, int c3) {
   asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];"
                :: "l"(tmap), "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
-}
-// a thread that uses a tensor map another warp published (publish_tmap) acquires it first
-__device__ __forceinline__ void tmap_acquire(const void* slot) {
-  asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" :: "l"(slot) : "memory");
 }
 __device__ __forceinline__ void st_shared32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;" :: "r"(addr), "r"(v) : "memory");
@@ -382,7 +400,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   const uint32_t s_bar = s_v + STAGES * TILE;
   uint8_t* tmap_stage = smem + (s_bar - s_q) + BAR_BYTES;  // K, V, Q (and with O_TMA, out): 128 bytes each
   // with segment ids: the ids of each stage's key tile (BN x 4 bytes), loaded with the K tile
-  const uint32_t s_ids = s_bar + BAR_BYTES + (O_TMA ? 512 : 384);
+  const uint32_t s_ids = s_bar + BAR_BYTES + __MAP_STAGE_BYTES__;
   const int kv_ids_stride = (Skv + BN - 1) / BN * BN;  // rt_kv_ids is [B, Skv] padded to whole tiles
   auto full_k = [&](int s) { return s_bar + 8 * s; };
   auto full_v = [&](int s) { return s_bar + 8 * (STAGES + s); };
@@ -403,8 +421,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   // one its block index names.
   // queue, strided with sections: (batch, head)s per section, as many as SECTION_BYTES of K and
   // V hold (at least one)
-  const int section =
-      (int)max(1LL, min((long long)(H * B), __SECTION_BYTES__LL / (4LL * HD * max(Skv, 1))));
+  const int section = heads_per_section(__SECTION_BYTES__LL, 4LL * HD * max(Skv, 1), H * B);
   // q_end, kv_end: the batch row's query and key lengths; keys [in_lo, in_hi) are seen by
   // every row of the block as far as segment ids go (tiles inside it skip the id test)
   // grid: the patch's first query coordinate, its key box's first key and tiles, and the tiles
@@ -428,12 +445,10 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
       // queue (and strided with sections): sections of `section` (batch, head)s one after
       // another, so the CTAs running at once share the section's K/V in L2; within a section,
       // longest walks first across its heads (a row block of each head, then the next row block)
-      const int first = w / (section * n_row_blocks) * section;
-      const int size = min(section, H * B - first), r = w - first * n_row_blocks;
-      const int hb = first + r % size;
-      mb = n_row_blocks - 1 - r / size;
-      x.h = hb % H;
-      x.b = hb / H;
+      const int2 at = in_section(w, section, n_row_blocks, H * B);
+      mb = at.y;
+      x.h = at.x % H;
+      x.b = at.x / H;
     } else {
       mb = n_row_blocks - 1 - blockIdx.x;
       x.h = blockIdx.y;
@@ -1199,7 +1214,7 @@ def source(left: int | None, right: int | None, *, stages: int = 2, overlap: boo
         "__SCHEDULE__": SCHEDULES[schedule], "__SLOT_BYTES__": SLOT_BYTES, "__BAR_BYTES__": bar_bytes(stages),
         "__PRODUCER_REGS__": PRODUCER_REGS, "__CONSUMER_REGS__": CONSUMER_REGS, "__ELEM__": ELEMENTS[dtype],
         "__SECTION_BYTES__": section_bytes, "__Q_STAGES__": q_stages,
-        "__O_TMA__": str(o_store == "tma").lower(),
+        "__O_TMA__": str(o_store == "tma").lower(), "__MAP_STAGE_BYTES__": map_stage_bytes(o_store),
         **runtime_subs(runtime, FWD_RUNTIME_ARRAYS), **grid_subs(grid),
     }
     text = HELPERS + wgmma_ss(block_n) + wgmma_rs(D) + _KERNEL
