@@ -4,13 +4,13 @@ The variants and shapes of ``tests/test_cuda_gpu.py`` (``tests/cuda_cases.py``: 
 top-left and bottom-right, windows, bands off the diagonal with fully masked rows; GQA; lengths
 that are not tile multiples), in bfloat16 and float16: the forward in every schedule (the
 persistent ones on 5 CTAs, so that each takes several work tiles, the queue also on one per SM
-and in sections of 3 heads),
-the backward with dQ added in order and in arrival order; each compiled as the backend compiles it
-(``jax_bindings._cuda.plan``) and launched with CuPy (JAX is not imported), so no XLA kernel
-runs under the sanitizer. Each output is checked against a float32 NumPy reference, and so is
-every row's ``lse``; fully masked rows must give 0 and ``-inf``, and zero gradients. Then the
-runtime-mask variants (lengths, segment ids) on ``tests/cuda_cases.RUNTIME_CASES``, forward and
-backward, their arrays built by ``jax_bindings._cuda.runtime_tables`` with JAX on the CPU; and
+and in sections of 3 heads), the backward with dQ added in order (in both key orders) and in
+arrival order; each compiled as the backend compiles it (``jax_bindings._cuda.plan``) and
+launched with CuPy (JAX runs on the CPU only), so no XLA kernel runs under the sanitizer. Each
+output is checked against a float32 NumPy reference, and so is every row's ``lse``; fully
+masked rows must give 0 and ``-inf``, and zero gradients. Then the runtime-mask variants
+(lengths, segment ids) on ``tests/cuda_cases.RUNTIME_CASES``, forward and backward (both key
+orders), their arrays built by ``jax_bindings._cuda.runtime_tables`` with JAX on the CPU; and
 the grid forward (N-D neighborhoods) on ``tests/cuda_cases.GRID_CASES``.
 
     compute-sanitizer --tool memcheck --error-exitcode 9 python3 benchmarks/sanitize_cuda.py [grid]
@@ -34,7 +34,7 @@ import ml_dtypes
 import numpy as np
 
 sys.path.insert(0, "tests")
-from cuda_cases import CASES, GRID_CASES, RUNTIME_CASES, band_layout  # noqa: E402
+from cuda_cases import CASES, GRID_CASES, RUNTIME_CASES, band_layout, other_key_orders  # noqa: E402
 from runtime_masks import build_arguments, runtime_dense  # noqa: E402
 
 from jax_bindings import _runtime  # noqa: E402
@@ -179,12 +179,15 @@ def main() -> int:
             kind = ((schedule if ctas is None else f"{schedule}/{ctas}") + (f"/{section}h" if section else "")
                     + f"/q{variant.q_stages}/{variant.o_store}")
             print(f"{name:22s} {dtype:9s} {kind:10s} ok (out {err:.1e}, lse {lerr:.1e})")
-            # the backward once per case and dtype, in each dQ order
+            # the backward once per case and dtype in each key order, and in arrival order
             if (schedule, ctas, section, q_stages, o_store) == LAUNCHES[-1]:
                 do = rng.standard_normal(q.shape).astype(NP[dtype])
                 refs = grads_reference(q, k, v, do, mask, scale)
-                for ordered in (True, False):
-                    bv = dataclasses.replace(plan.bwd_variant(layout, 128, dtype), ordered=ordered)
+                planned = plan.bwd_variant(layout, 128, dtype)
+                one_head = 4 * 128 * (q.shape[2] // k.shape[2]) * q.shape[1]  # so that orders mix
+                for bv in (planned, *other_key_orders(planned, one_head),
+                           dataclasses.replace(planned, ordered=False)):
+                    ordered = f"{bv.ordered}/{bv.key_order}"
                     got = launch_bwd(bv, q, k, v, out, lse, do, scale)
                     launched += 1
                     pairs = zip(got, refs, strict=True)
@@ -192,7 +195,7 @@ def main() -> int:
                     assert all(np.isfinite(x).all() for x in got), f"{name} {dtype}: non-finite gradients"
                     assert max(errs) < 3e-2, f"{name} {dtype} ordered={ordered}: gradients differ by {errs}"
                     assert np.all(got[0][:, empty] == 0), f"{name}: a row with no key must get dq 0"
-                    print(f"{name:22s} {dtype:9s} bwd ordered={ordered!s:5s} ok (rel. {max(errs):.1e})")
+                    print(f"{name:22s} {dtype:9s} bwd ordered={ordered:16s} ok (rel. {max(errs):.1e})")
     launched += run_runtime_cases()
     launched += run_grid_cases()
     print(f"{launched} launches of {launched} cuda kernel variants")
@@ -228,15 +231,18 @@ def run_runtime_cases() -> int:
             assert lerr < 2e-2, f"{name}: lse differs by {lerr:.3g}"
             print(f"{name:22s} runtime {kind:7s} {variant.schedule}/{ctas} ok (out {err:.1e}, "
                   f"lse {lerr:.1e})")
-        got = launch_bwd(plan.bwd_variant(layout, 128, "bfloat16", kind), q, k, v, out, lse, do, scale,
-                         runtime_tables.bwd_arrays(runtime))
-        launched += 1
-        errs = [float(np.abs(x - r).max() / max(1.0, np.abs(r).max()))
-                for x, r in zip(got, grads_reference(q, k, v, do, mask, scale), strict=True)]
-        assert all(np.isfinite(x).all() for x in got), f"{name}: non-finite gradients"
-        assert max(errs) < 3e-2, f"{name}: gradients differ by {errs}"
-        assert not got[0][empty].any(), f"{name}: a row that sees nothing must get dq 0"
-        print(f"{name:22s} runtime {kind:7s} bwd ok (rel. {max(errs):.1e})")
+        refs = grads_reference(q, k, v, do, mask, scale)
+        planned = plan.bwd_variant(layout, 128, "bfloat16", kind)
+        for bv in (planned, *other_key_orders(planned, 4 * 128 * (h // hk) * sq)):
+            arrays = runtime_tables.bwd_arrays(runtime)
+            got = launch_bwd(bv, q, k, v, out, lse, do, scale, arrays)
+            launched += 1
+            pairs = zip(got, refs, strict=True)
+            errs = [float(np.abs(x - r).max() / max(1.0, np.abs(r).max())) for x, r in pairs]
+            assert all(np.isfinite(x).all() for x in got), f"{name}: non-finite gradients"
+            assert max(errs) < 3e-2, f"{name} {bv.key_order}: gradients differ by {errs}"
+            assert not got[0][empty].any(), f"{name}: a row that sees nothing must get dq 0"
+            print(f"{name:22s} runtime {kind:7s} bwd {bv.key_order:11s} ok (rel. {max(errs):.1e})")
     return launched
 
 

@@ -34,10 +34,12 @@ from jax_bindings._triton import backend as tb
 from splat.tools import peers
 
 
-def _bwd_cuda(layout, ordered: bool = True, generator=None, section_bytes=None):
+def _bwd_cuda(layout, ordered: bool = True, generator=None, section_bytes=None, key_order=None):
     variant = dataclasses.replace(plan.bwd_variant(layout, D, "bfloat16"), ordered=ordered)
     if section_bytes is not None:
         variant = dataclasses.replace(variant, section_bytes=section_bytes)
+    if key_order is not None:
+        variant = dataclasses.replace(variant, key_order=key_order)
     if generator is None:
         name, image = plan.compiled(variant)
     else:
@@ -68,6 +70,8 @@ def _bwd_route(name: str, layout, generator=None):
         return _bwd_cuda(layout, generator=generator)
     if name.startswith("cuda@"):  # ordered, in sections of as many heads as N MiB of Q and dO hold
         return _bwd_cuda(layout, section_bytes=int(float(name.removeprefix("cuda@")) * 2**20))
+    if name in bwd_source.KEY_ORDERS:  # ordered, in that key order
+        return _bwd_cuda(layout, key_order=name)
     return _bwd_cuda(layout, ordered=name != "cuda_unordered")
 
 
@@ -104,7 +108,8 @@ def main(argv=None) -> int:
     p.add_argument("--bwd-routes", nargs="+", default=["cuda_unordered", "triton"],
                    help="backward routes timed besides the default cuda one: cuda_unordered (dQ in "
                         "arrival order), cuda@N (ordered, items in sections of the heads whose Q and "
-                        "dO fit N MiB), triton, base (--baseline's kernel)")
+                        "dO fit N MiB), last_first and first_first (ordered, in that key order), triton, "
+                        "base (--baseline's kernel)")
     p.add_argument("--baseline", default=None, help="another revision's jax_bindings/_cuda/bwd_source.py")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)

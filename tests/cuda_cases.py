@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 from runtime_masks import packed_ids
 
@@ -82,3 +84,13 @@ GRID_SHAPE_CASES = [
     (((20, 24), (17, 19), {}), ((1, 16, 8), (1, 2, 64))),
     (((24, 24), 7, {"dilation": 2}), ((1, 16, 8), (1, 1, 64))),
 ]
+
+
+def other_key_orders(variant, section_bytes: int) -> list:
+    """A backward variant (``plan.BwdVariant``) in each key order the planner did not pick, so that
+    every order runs on every band; in sections of ``section_bytes`` (a section of a few heads,
+    so that ``first_first_at_end`` takes both orders in one launch)."""
+    from jax_bindings._cuda import bwd_source  # here: the cases themselves import no JAX
+
+    return [dataclasses.replace(variant, key_order=o, section_bytes=section_bytes)
+            for o in bwd_source.KEY_ORDERS if o != variant.key_order]

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from cuda_cases import CASES
+from cuda_cases import CASES, other_key_orders
 from cuda_cases import band_layout as _band_layout
 from reference import assert_close, attention_dense, attention_grads_ref, attention_ref
 
@@ -194,6 +194,22 @@ def test_backward_matches_the_float64_reference(case, dtype):
     assert np.all(np.asarray(grads[2], np.float32)[:, unseen] == 0)
 
 
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_backward_in_the_other_key_orders_matches_the_float64_reference(case):
+    """The key orders the planner did not pick, on every band (so every order runs on each), in
+    sections of one KV head's group (first-first at the end then takes both orders)."""
+    name, sq, skv, left, right, h, hk = case
+    layout = _band_layout(sq, skv, left, right)
+    q, k, v, do = _inputs(sq * skv + 1, sq, skv, h, hk, jnp.bfloat16)
+    ref = attention_grads_ref(q, k, v, layout, 128**-0.5, do)
+    planned = plan.bwd_variant(layout, 128, "bfloat16")
+    for variant in other_key_orders(planned, section_bytes=4 * 128 * (h // hk) * sq):
+        grads = _grads(q, k, v, do, layout, 128**-0.5, variant)
+        for gname, g, r in zip(("dq", "dk", "dv"), grads, ref, strict=True):
+            assert_close(f"{variant.key_order} {gname}", g, r, jnp.bfloat16)
+        assert np.all(np.asarray(grads[0], np.float32)[:, ~layout.to_dense().any(1)] == 0)
+
+
 def test_backward_reruns_are_bit_identical():
     """dQ is summed over key blocks through global memory, in a fixed order by default."""
     layout = _band_layout(1500, 1500, None, 0)
@@ -206,16 +222,19 @@ def test_backward_reruns_are_bit_identical():
 
 def test_backward_sections_do_not_change_the_gradients():
     """Whatever the heads' sections (one head at a time, two, all), each query block's dQ parts are
-    added in the key blocks' order: the gradients are bit-identical. GQA: a section counts KV heads."""
+    added in the key blocks' order: in either key order the gradients are bit-identical. (Not with
+    ``first_first_at_end``, whose last section's heads take the other order.) GQA: a section
+    counts KV heads."""
     layout = _band_layout(1100, 1100, None, 0)
     q, k, v, do = _inputs(13, 1100, 1100, 6, 3, jnp.bfloat16)
-    planned = plan.bwd_variant(layout, 128, "bfloat16")
-    want = [np.asarray(x) for x in _grads(q, k, v, do, layout, 0.1, planned)]
     group_bytes = 4 * 128 * 2 * 1100  # a KV head's two query heads' Q and dO
-    for section in (0, 2 * group_bytes, 1 << 30):
-        variant = dataclasses.replace(planned, section_bytes=section)
-        got = [np.asarray(x) for x in _grads(q, k, v, do, layout, 0.1, variant)]
-        assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True)), section
+    for order in ("last_first", "first_first"):
+        planned = dataclasses.replace(plan.bwd_variant(layout, 128, "bfloat16"), key_order=order)
+        want = [np.asarray(x) for x in _grads(q, k, v, do, layout, 0.1, planned)]
+        for section in (0, 2 * group_bytes, 1 << 30):
+            variant = dataclasses.replace(planned, section_bytes=section)
+            got = [np.asarray(x) for x in _grads(q, k, v, do, layout, 0.1, variant)]
+            assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True)), (order, section)
 
 
 def test_backward_in_arrival_order_is_close():

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from cuda_cases import RUNTIME_CASES as CASES
-from cuda_cases import band_layout
+from cuda_cases import band_layout, other_key_orders
 from reference import assert_close, runtime_ref
 from runtime_masks import build_arguments, packed_ids, runtime_dense
 
@@ -42,19 +42,20 @@ def _setup(case, dtype, seed=0):
     return layout, dense, _runtime.build(b, sq, skv, **build_arguments(rt_args)), (q, k, v, do)
 
 
-def _run(layout, runtime, q, k, v, do, scale):
-    """``(out, lse, (dq, dk, dv))``: the cuda forward, then the generated backward (the plan's
-    variant for the band, offered or not)."""
+def _run(layout, runtime, q, k, v, do, scale, variant=None):
+    """``(out, lse, (dq, dk, dv))``: the cuda forward, then the generated backward (``variant``,
+    by default the plan's for the band, offered or not)."""
     rt = runtime_tables.kind(runtime)
-    variant = plan.bwd_variant(layout, 128, jnp.dtype(q.dtype).name, rt)
+    variant = variant or plan.bwd_variant(layout, 128, jnp.dtype(q.dtype).name, rt)
     name, image = plan.compiled(variant)
     maps = plan.bwd_tensor_maps(q.shape, k.shape)
 
     @jax.jit
     def fn(q, k, v, do, runtime):
         out, lse = cb.attention_fwd(q, k, v, runtime, layout, scale)
-        grads = cb.run_backward(name, image, variant.smem, maps, q, k, v, out, lse, do, scale,
-                                runtime_tables.bwd_arrays(runtime), ordered=variant.ordered)
+        arrays = runtime_tables.bwd_arrays(runtime)
+        grads = cb.run_backward(name, image, variant.smem, maps, q, k, v, out, lse, do, scale, arrays,
+                                ordered=variant.ordered)
         return out, lse, grads
 
     return fn(q, k, v, do, runtime)
@@ -79,6 +80,21 @@ def test_runtime_masks_match_the_float64_reference(case, dtype):
     assert not np.asarray(grads[0], np.float32)[empty].any()
     assert not np.asarray(grads[1], np.float32)[unseen].any()
     assert not np.asarray(grads[2], np.float32)[unseen].any()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_runtime_backward_in_the_other_key_orders_matches_the_float64_reference(case):
+    """Every key order on every runtime case (the first adder from ``rt_leads``' first or last key
+    block), in sections of one KV head's group."""
+    layout, dense, runtime, (q, k, v, do) = _setup(case, jnp.bfloat16)
+    _, ref_grads = runtime_ref(q, k, v, dense, 128**-0.5, do)
+    planned = plan.bwd_variant(layout, 128, "bfloat16", runtime_tables.kind(runtime))
+    sq, h, hk = q.shape[1], q.shape[2], k.shape[2]
+    for variant in other_key_orders(planned, section_bytes=4 * 128 * (h // hk) * sq):
+        _, _, grads = _run(layout, runtime, q, k, v, do, 128**-0.5, variant)
+        for gname, g, r in zip(("dq", "dk", "dv"), grads, ref_grads, strict=True):
+            assert_close(f"{variant.key_order} {gname}", g, r, jnp.bfloat16, factor=4.0)
+        assert not np.asarray(grads[0], np.float32)[~dense.any(-1)].any()
 
 
 @pytest.mark.parametrize("case", [CASES[0], CASES[4]], ids=[CASES[0][0], CASES[4][0]])

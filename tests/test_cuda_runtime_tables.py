@@ -66,7 +66,7 @@ def test_runs_hold_every_seen_key_and_id_free_runs_are_seen(rng, case):
     assert np.array_equal(np.asarray(qi), ids)
     assert ki.shape[1] % 176 == 0 and np.array_equal(np.asarray(ki)[:, :kv.shape[1]], kv)
     _check_runs(fwd, seen, source.BM)
-    _, qi, _, bwd, last = _bwd_arrays(rt)
+    _, qi, _, bwd, _leads = _bwd_arrays(rt)
     assert qi.shape[1] % bwd_source.BM == 0 and np.array_equal(np.asarray(qi)[:, :ids.shape[1]], ids)
     assert bwd.shape == (ids.shape[0], -(-kv.shape[1] // bwd_source.BN), 4)
     _check_runs(bwd, seen.transpose(0, 2, 1), bwd_source.BN)
@@ -82,10 +82,10 @@ def test_runs_hold_every_seen_key_and_id_free_runs_are_seen(rng, case):
 def test_key_blocks_covering_a_query_block_are_consecutive(rng, case):
     ids, kv_ids = CASES[case](rng)
     rt = _runtime_mask(ids, kv_ids)
-    _, _, _, ranges, last = _bwd_arrays(rt)
-    ranges, last = np.asarray(ranges), np.asarray(last)
+    _, _, _, ranges, leads = _bwd_arrays(rt)
+    ranges, first, last = np.asarray(ranges), np.asarray(leads)[..., 0], np.asarray(leads)[..., 1]
     bm, nq = bwd_source.BM, bwd_source.num_q_blocks(ids.shape[1])
-    assert last.shape == (ids.shape[0], nq)
+    assert last.shape == first.shape == (ids.shape[0], nq)
     for r in range(ids.shape[0]):
         lo = ranges[r, :, 0] // bm
         hi = np.maximum(ranges[r, :, 0], ranges[r, :, 1] - 1) // bm  # as the kernel walks them
@@ -93,9 +93,9 @@ def test_key_blocks_covering_a_query_block_are_consecutive(rng, case):
             walkers = np.flatnonzero((lo <= i) & (i <= hi))
             if walkers.size:
                 assert np.array_equal(walkers, np.arange(walkers[0], walkers[-1] + 1)), (r, i, walkers)
-                assert last[r, i] == walkers[-1]
+                assert last[r, i] == walkers[-1] and first[r, i] == walkers[0]
             else:
-                assert last[r, i] == -1
+                assert last[r, i] == first[r, i] == -1
 
 
 def test_lengths_only_passes_lengths():

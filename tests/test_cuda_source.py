@@ -166,6 +166,11 @@ def test_the_plan_picks_a_schedule_and_its_grid():
                     "window": ("strided", 0, 2, "tma"), "documents": ("strided", 0, 2, "tma")}
     bwd_pick = plan.bwd_variant(masks.causal().to_acsr(4096), 128, "bfloat16")
     assert bwd_pick.section_bytes == plan.BWD_SECTION_BYTES
+    # the longest walks first at the end: causal's first key blocks
+    bands = (masks.causal(), masks.sliding_window(1023, 0), masks.full(), masks.sliding_window(256, 256),
+             masks.sliding_window(0, 60))
+    orders = [plan.bwd_variant(m.to_acsr(4096), 128, "bfloat16").key_order for m in bands]
+    assert orders == ["first_first_at_end"] + ["last_first"] * 4
     shape = (2, 1000, 3, 128)  # 8 row blocks, 48 work tiles
     assert plan.grid(shape, "grid", 132) == (8, 3, 2)
     assert plan.grid(shape, "strided", 132) == plan.grid(shape, "queue", 132) == (48, 1, 1)
@@ -250,6 +255,9 @@ BWD_VARIANTS = [  # (left, right, bwd_source kwargs): the bands of tests/cuda_ca
     (-1, 60, dict(dtype="float16")),
     (None, 0, dict(section_bytes=16 << 20)),
     (1023, 0, dict(section_bytes=1 << 20, ordered=False)),
+    (None, 0, dict(key_order="first_first_at_end", section_bytes=16 << 20)),
+    (1023, 0, dict(key_order="first_first", dtype="float16")),
+    (None, None, dict(key_order="first_first")),
 ]
 
 
@@ -276,6 +284,8 @@ RUNTIME_VARIANTS = [  # (generator, left, right, kwargs): the runtime-mask kinds
     (bwd.bwd_source, None, 0, dict(runtime="ids")),
     (bwd.bwd_source, None, None, dict(runtime="lengths")),
     (bwd.bwd_source, 255, 0, dict(runtime="ids", dtype="float16", ordered=False)),
+    (bwd.bwd_source, None, 0, dict(runtime="ids", key_order="first_first")),
+    (bwd.bwd_source, 1023, 0, dict(runtime="lengths", key_order="first_first_at_end")),
 ]
 
 
@@ -358,7 +368,8 @@ def test_dq_from_acc_zeroes_rows_that_see_no_key_whatever_the_buffer_holds(xp):
 
 @pytest.mark.parametrize("kwargs, name", [(dict(stages=0), "stages"), (dict(dtype="float32"), "dtype"),
                                           (dict(left=1.5), "left"), (dict(right=True), "right"),
-                                          (dict(runtime="segments"), "runtime")])
+                                          (dict(runtime="segments"), "runtime"),
+                                          (dict(key_order="first"), "key_order")])
 def test_backward_bad_arguments_are_named(kwargs, name):
     args = dict(left=None, right=0) | kwargs
     with pytest.raises(ValueError, match=name):

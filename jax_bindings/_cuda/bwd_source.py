@@ -3,8 +3,8 @@
 The backward of :mod:`jax_bindings._cuda.source`'s forward, from the same helpers. A work item
 is ``BN = 128`` keys of one (batch, KV head): its walk is the query blocks of ``BM = 64`` rows
 that see any of them, for every query head of its GQA group. One CTA runs per SM (at most one
-per item) and takes items by ticket from a counter, a head's last key block first, until none
-is left; the K/V and Q/dO loads of its next item overlap the end of the current one, and the
+per item) and takes items by ticket from a counter, in the key order (below), until none is
+left; the K/V and Q/dO loads of its next item overlap the end of the current one, and the
 tensor maps are published once per CTA. In a CTA:
 
 * warps 0-7 are two consumer warpgroups, warpgroup ``w`` owning keys ``64 w .. 64 w + 63``:
@@ -24,8 +24,8 @@ tensor maps are published once per CTA. In a CTA:
   consumers leave each step's dQ in one of two shared-memory buffers, in the order their
   fragments hold it (:func:`dq_from_acc` puts it back in rows), and a dQ writer per buffer (a
   lane of warps 9 and 10) adds the block's 32 KiB with one bulk reduction while they go on. With
-  ``ordered`` (the default) the additions to one query block come in a fixed order, the key block
-  seeing the furthest keys first, each waiting on a per-block counter for its turn: the result is
+  ``ordered`` (the default) the additions to one query block come in a fixed order, the key
+  order, each waiting on a per-block counter for its turn: the result is
   bit-identical from run to run. The first key block in that order stores its part instead of
   adding it, so ``dq_acc`` needs no zeroing before the launch (query blocks that no key block
   reaches are never written: :func:`dq_from_acc` zeroes rows that see no key). A writer passes the
@@ -34,22 +34,18 @@ tensor maps are published once per CTA. In a CTA:
   a CTA already running, so the waits cannot deadlock. ``ordered=False`` adds in any order (not
   reproducible bit for bit) and exists to measure what the order costs.
 
-Mask: as the forward's, ``i - left <= j <= i + right``, ``0 <= j < Skv``. Inputs ``q, dout
-[B, Sq, H, D]``, ``k, v [B, Skv, Hkv, D]`` (bf16 or fp16, ``D = 128``), ``lse2 [B, H, Sq_pad]``
-(the forward's lse times log2(e); ``+inf`` on a row with no key and on the padding to
-``Sq_pad``, a multiple of 64), ``delta [B, H, Sq_pad]`` (rowsum(dout * out), 0 on the padding).
-Outputs ``dk``, ``dv`` like k, v (dk times ``scale``), ``dq_acc`` fp32 (:func:`dq_acc_shape`; dQ
-without the scale once :func:`dq_from_acc` reorders it; zeroed before the launch when not
-``ordered``), ``sem`` (int32, zeroed before the launch: a ticket counter, then a turn counter per
-(batch, head, query block)), and the CTAs' tensor-map slots. Parameters, in jaxlib's order:
-``q, k, v, dout, lse2, delta, tmap_templates, [runtime arrays,] Sq, Skv, H, Hkv, B, scale_log2,
-scale, dk, dv, dq_acc, sem, tmap_slots``.
-
-A runtime mask (``bwd_source(runtime=)``, arrays from :mod:`jax_bindings._cuda.runtime_tables`)
-is ANDed with the band: padding rows need nothing (their ``lse2`` is ``+inf``), keys at or past
-``kv_len`` are masked and walk nothing; with segment ids a key block walks only the query
-blocks of its keys' ids, and the producer copies each step's query ids with its Q and dO into
-the tensor-map staging buffers (free once the maps are published).
+The key order (``key_order``, :data:`KEY_ORDERS`), per head: ``"last_first"`` takes a head's
+last key block first and walks each key block's query blocks from the first; ``"first_first"``
+is its mirror (first key block first, query blocks from the last); ``"first_first_at_end"``
+takes the last section's heads first-first and the others last-first. Where the first key
+blocks walk the most query blocks (causal), last-first takes the longest walks last, so that
+the CTAs run out of work on a few long walks, and first-first takes them first (with dQ added
+in arrival order, 1.10x last-first on causal at S = 8192). But in last-first a key block meets
+each query block two steps after the key block before it in the order (its walk starts two
+query blocks earlier), which absorbs the time an addition takes to complete, and in
+first-first on the same step: there a key block waits on the one before it unless it started
+late enough, and where CTAs take the heads' items in bursts it does not. First-first on the
+last section only keeps most of both (``benchmarks/NOTES.md``, session 19).
 """
 
 from __future__ import annotations
@@ -137,6 +133,10 @@ _KERNEL = r"""
 constexpr int BM = __BM__, BN = __BN__, HD = __D__, STAGES = __STAGES__;
 constexpr int LEFT = __LEFT__, RIGHT = __RIGHT__;  // key j seen by row i: i - LEFT <= j <= i + RIGHT
 constexpr bool ORDERED = __ORDERED__;
+// the heads whose key blocks go first to last (tickets, dQ additions), each walking its query
+// blocks from the last: 0 none, 1 the last section's, 2 all; the others' go last to first, each
+// walking its query blocks from the first
+constexpr int FIRST_FIRST = __FIRST_FIRST__;
 constexpr int RT = __RT__;  // runtime mask: 0 none, 1 lengths, 2 lengths and segment ids
 constexpr uint32_t KVTILE = BN * HD * 2, QTILE = BM * HD * 2, DSTILE = BN * BM * 2, STAT = __STAT_BYTES__;
 constexpr uint32_t DQTILE = BM * HD * 4;
@@ -195,17 +195,18 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   __syncthreads();
   const int nkv = (Skv + BN - 1) / BN, G = H / Hkv, nq = (Sq + BM - 1) / BM, sq_pad = nq * BM;
   const int n_items = nkv * Hkv * B;
-  // A work item is a key block of a (batch, KV head), taken by ticket: a head's last key block
-  // first. Its walk: the query blocks of BM rows that see a key of the block (keys past Skv
-  // included: masked), for every query head of the group. With a runtime mask it is the
-  // intersection of three runs of query blocks, each a run of consecutive key blocks' walks
-  // covers (so that the key blocks adding to a query block's dQ are consecutive, as the
-  // ordered addition's turns need): the band's, the lengths' (none past kv_end, none at or
-  // past q_end) and the segment ids' (rt_ranges, in rows).
+  // A work item is a key block of a (batch, KV head), taken by ticket in its head's key order
+  // (ff: the first key block first). Its walk: the query blocks of BM rows that see a key of the
+  // block (keys past Skv included: masked), in the opposite order, for every query head of the
+  // group. With a runtime mask it is the intersection of three runs of query blocks, each a run
+  // of consecutive key blocks' walks covers (so that the key blocks adding to a query block's dQ
+  // are consecutive, as the ordered addition's turns need): the band's, the lengths' (none past
+  // kv_end, none at or past q_end) and the segment ids' (rt_ranges, in rows).
   // kv_end: the batch row's key length; rows [in_lo, in_hi) see every key of the block as far
   // as segment ids go (their blocks skip the id test).
   struct Item {
     int j, hk, b, n0, i_lo, n_i, n_steps, kv_end, in_lo, in_hi;
+    bool ff;
   };
   // (batch, KV head)s are taken in sections (as many as SECTION_BYTES of their groups' Q and dO
   // hold), a key block of each in turn, so that fewer CTAs at once add to one head's query blocks
@@ -214,7 +215,9 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   auto item_of = [&](int ticket) {
     Item it;
     const int2 at = in_section(ticket, section, nkv, Hkv * B);
-    it.j = at.y;
+    const bool last_section = (ticket / (section * nkv) + 1) * section >= Hkv * B;
+    it.ff = FIRST_FIRST == 2 || (FIRST_FIRST == 1 && last_section);
+    it.j = it.ff ? nkv - 1 - at.y : at.y;
     it.hk = at.x % Hkv;
     it.b = at.x / Hkv;
     it.n0 = it.j * BN;
@@ -240,6 +243,10 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     it.n_steps = it.n_i * G;
     return it;
   };
+  // the query block of step ii of an item's walk over one query head's blocks
+  auto block_of = [&](const Item& it, int ii) {
+    return it.ff ? it.i_lo + it.n_i - 1 - ii : it.i_lo + ii;
+  };
   // the ticket of the CTA's item number `n` (-1: none left), for consumers and writers
   auto next_ticket = [&](int n) { return read_ticket(n, s_ticket, item_full(0), item_empty(0)); };
 
@@ -262,20 +269,29 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
           int t = (g0 + buf) & 1, hh = 0, ii = t;
           if (ii >= w.n_i) ii = 0, hh = 1;
           for (; t < w.n_steps; t += 2) {
-            const int g = g0 + t, i = w.i_lo + ii, m0 = i * BM, blk = (w.b * H + w.hk * G + hh) * nq + i;
+            const int g = g0 + t, i = block_of(w, ii), m0 = i * BM, blk = (w.b * H + w.hk * G + hh) * nq + i;
             int* turn = sem + 1 + blk;
             ii += 2;
             while (ii >= w.n_i) ii -= w.n_i, ++hh;
             mbar_wait(dq_full(buf), (g >> 1) & 1);
             bool first = false;  // ordered: the first part of the block's sum is stored, not added
             if (ORDERED) {
-              int j_last = nkv - 1;  // the last key block that sees query block i: it adds first
-              if (RIGHT < __UNBOUNDED__)
-                j_last = min(j_last, floor_div(RIGHT + min(m0 + BM - 1, Sq - 1), BN));
-              if (RT >= 1) j_last = min(j_last, (w.kv_end - 1) / BN);
-              if (RT == 2) j_last = min(j_last, __ldg(rt_last + (size_t)w.b * nq + i));
-              first = j_last == w.j;
-              while (ld_acquire(turn) != j_last - w.j) {
+              // the key block that adds to query block i first: the first or the last that sees it
+              int lead;
+              // (the ids' first and last key block covering it: rt_leads)
+              const int2* leads = reinterpret_cast<const int2*>(rt_leads);
+              const int2 ids_lead = RT == 2 ? __ldg(leads + (size_t)w.b * nq + i) : make_int2(0, 0);
+              if (w.ff) {
+                lead = LEFT < __UNBOUNDED__ ? max(0, floor_div(m0 - LEFT, BN)) : 0;
+                if (RT == 2) lead = max(lead, ids_lead.x);
+              } else {
+                lead = nkv - 1;
+                if (RIGHT < __UNBOUNDED__) lead = min(lead, floor_div(RIGHT + min(m0 + BM - 1, Sq - 1), BN));
+                if (RT >= 1) lead = min(lead, (w.kv_end - 1) / BN);
+                if (RT == 2) lead = min(lead, ids_lead.y);
+              }
+              first = lead == w.j;
+              while (ld_acquire(turn) != (w.ff ? w.j - lead : lead - w.j)) {
               }
             }
             if (first) {
@@ -326,10 +342,10 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
       };
       // the first steps' Q and dO while the consumers finish the last item, then K and V once
       // they are done with the last item's
-      const int first = g0 + min(STAGES, w.n_steps), m_lo = w.i_lo * BM, m_end = m_lo + w.n_i * BM;
+      const int first = g0 + min(STAGES, w.n_steps);
       for (int h = w.hk * G; h < (w.hk + 1) * G; ++h)
-        for (int m0 = m_lo; m0 < m_end; m0 += BM, ++g0) {
-          const int s = g0 % STAGES;
+        for (int ii = 0; ii < w.n_i; ++ii, ++g0) {
+          const int s = g0 % STAGES, m0 = block_of(w, ii) * BM;
           if (g0 == first) load_kv();
           if (g0 >= STAGES) mbar_wait(empty(s), ((g0 / STAGES) & 1) ^ 1);
           mbar_expect_tx(full(s), 2 * QTILE + STAT + (RT == 2 ? BM * 4 : 0));
@@ -373,11 +389,10 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
       key_id[x] = key0 + 8 * x < Skv ? __ldg(rt_kv_ids + (size_t)w.b * Skv + key0 + 8 * x) : 0;
 
   mbar_wait(kv_full, n & 1);
-  const int m_lo = w.i_lo * BM, m_end = m_lo + w.n_i * BM;
   int g = g0;  // the CTA's step
   for (int hh = 0; hh < G; ++hh)
-  for (int m0 = m_lo; m0 < m_end; m0 += BM, ++g) {
-    const int s = g % STAGES, buf = g & 1;
+  for (int ii = 0; ii < w.n_i; ++ii, ++g) {
+    const int s = g % STAGES, buf = g & 1, m0 = block_of(w, ii) * BM;
     float st[32], dpt[32], dq[32];
     uint32_t p[16], ds[16];
     // the step's operands as wgmma descriptors, each product's k-slices offsets from them
@@ -515,11 +530,15 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
 """
 
 
-BWD_RUNTIME_ARRAYS = ("rt_lens", "rt_q_ids", "rt_kv_ids", "rt_ranges", "rt_last")
+BWD_RUNTIME_ARRAYS = ("rt_lens", "rt_q_ids", "rt_kv_ids", "rt_ranges", "rt_leads")
+
+
+KEY_ORDERS = ("last_first", "first_first_at_end", "first_first")
 
 
 def bwd_source(left: int | None, right: int | None, *, stages: int = 2, dtype: str = "bfloat16",
-               ordered: bool = True, runtime: str = "", section_bytes: int = 0) -> str:
+               ordered: bool = True, runtime: str = "", section_bytes: int = 0,
+               key_order: str = "last_first") -> str:
     """The backward kernel's CUDA C++ for the mask ``i - left <= j <= i + right`` (``None``: unbounded).
 
     ``stages``: depth of the Q/dO ring; ``ordered``: dQ added in a fixed order (bit-identical
@@ -529,10 +548,13 @@ def bwd_source(left: int | None, right: int | None, *, stages: int = 2, dtype: s
     :func:`jax_bindings._cuda.runtime_tables.bwd_arrays`) follow ``tmap_templates``.
     ``section_bytes``: items are taken in sections of as many (batch, KV head)s as that many
     bytes of their Q and dO hold at the call's ``Sq`` (at least one; 0: one), a key block of
-    each in turn, last key blocks first.
+    each in turn. ``key_order`` (:data:`KEY_ORDERS`): the order of a head's key blocks in the
+    tickets and in each query block's dQ sum (module docstring).
     """
     source.check_arguments(left, right, stages, dtype)
     source.check_section_bytes(section_bytes)
+    if key_order not in KEY_ORDERS:
+        raise ValueError(f"key_order must be one of {KEY_ORDERS}, got {key_order!r}")
     subs = {
         "__BM__": BM, "__BN__": BN, "__D__": D, "__STAGES__": stages, "__LEFT__": source.bound(left),
         "__RIGHT__": source.bound(right), "__ORDERED__": str(ordered).lower(), "__THREADS__": THREADS,
@@ -540,7 +562,7 @@ def bwd_source(left: int | None, right: int | None, *, stages: int = 2, dtype: s
         "__CONSUMER_WARPS__": source.CONSUMER_WARPS, "__SLOT_BYTES__": SLOT_BYTES,
         "__PRODUCER_REGS__": source.PRODUCER_REGS, "__CONSUMER_REGS__": source.CONSUMER_REGS,
         "__ELEM__": source.ELEMENTS[dtype], "__STAT_BYTES__": STAT_BYTES,
-        "__SECTION_BYTES__": section_bytes,
+        "__SECTION_BYTES__": section_bytes, "__FIRST_FIRST__": KEY_ORDERS.index(key_order),
         **source.runtime_subs(runtime, BWD_RUNTIME_ARRAYS),
     }
     text = (source.HELPERS + _HELPERS + source.wgmma_ss(64) + source.wgmma_ss(64, transposed=True)

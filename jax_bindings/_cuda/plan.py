@@ -98,8 +98,9 @@ class GridFwdVariant:
 class BwdVariant:
     """One generated backward kernel (:mod:`jax_bindings._cuda.bwd_source`): the band baked in,
     the Q/dO ring depth, whether dQ is added in a fixed order (bit-identical reruns), the
-    runtime mask it takes (:data:`source.RUNTIMES`) and the heads' sections (``section_bytes``,
-    :data:`BWD_SECTION_BYTES` from the planner)."""
+    runtime mask it takes (:data:`source.RUNTIMES`), the heads' sections (``section_bytes``,
+    :data:`BWD_SECTION_BYTES` from the planner) and the key order (:data:`bwd_source.KEY_ORDERS`,
+    :func:`key_order` from the planner)."""
 
     band: acsr.Band
     dtype: str
@@ -107,11 +108,12 @@ class BwdVariant:
     ordered: bool = True
     runtime: str = ""
     section_bytes: int = 0
+    key_order: str = "last_first"
 
     def named_source(self) -> tuple[str, str]:
         return bwd_source.with_unique_name(bwd_source.bwd_source(
             self.band.left, self.band.right, stages=self.stages, dtype=self.dtype, ordered=self.ordered,
-            runtime=self.runtime, section_bytes=self.section_bytes))
+            runtime=self.runtime, section_bytes=self.section_bytes, key_order=self.key_order))
 
     @property
     def smem(self) -> int:
@@ -144,9 +146,21 @@ def _band(layout: ACSR, head_dim: int, dtype: str) -> acsr.Band:
 BWD_SECTION_BYTES = 16 << 20
 
 
+def key_order(band: acsr.Band) -> str:
+    """The backward's key order (:data:`bwd_source.KEY_ORDERS`) for ``band``:
+    ``"first_first_at_end"`` where rows see every key behind them and not all ahead (causal: the
+    first key blocks walk the most query blocks, and taken last they leave a tail; 1.09x the
+    backward at S = 8192, 1.03x at 16384), else ``"last_first"`` (dense, windows: walks of about
+    one length; 0.98-0.99x on a causal window of 1024). Measured on H100 (``benchmarks/NOTES.md``,
+    session 19). Its gradients' bits depend on the heads' sections (which heads take which order)."""
+    return "first_first_at_end" if band.left is None and band.right is not None else "last_first"
+
+
 def bwd_variant(layout: ACSR, head_dim: int, dtype: str, runtime: str = "") -> BwdVariant:
     """The backward kernel for this call, or NotImplementedError saying why none is generated."""
-    return BwdVariant(_band(layout, head_dim, dtype), dtype, runtime=runtime, section_bytes=BWD_SECTION_BYTES)
+    band = _band(layout, head_dim, dtype)
+    return BwdVariant(band, dtype, runtime=runtime, section_bytes=BWD_SECTION_BYTES,
+                      key_order=key_order(band))
 
 
 # Query rows a key block's walk covers (``left + right + BN``) from which the backend offers

@@ -18,8 +18,9 @@ rt_ranges      ``[B, n, 4]``   forward: per row block of ``source.BM`` rows, key
                                that a row of it may see and keys ``[z, w)`` that every row sees
                                (as far as ids go; tiles inside skip the id test). Backward: per
                                key block of ``bwd_source.BN`` keys, the same in query rows
-rt_last        ``[B, nq]``     backward: per query block of ``bwd_source.BM`` rows, the last
-                               key block whose ``rt_ranges`` walk covers it (-1: none)
+rt_leads       ``[B, nq, 2]``  backward: per query block of ``bwd_source.BM`` rows, the first
+                               and the last key block whose ``rt_ranges`` walk covers it (-1:
+                               none): the one that adds to its dQ first, in either key order
 =============  ==============  ===============================================================
 
 Where ``exact[b]`` is set (both id arrays non-decreasing: packed documents) the runs come from
@@ -28,11 +29,11 @@ skip the tiles outside a block's documents. Elsewhere a block may see anything (
 tile id-free): any ids are exact, sorted ones fast. The kernels apply the lengths themselves.
 
 The backward adds dQ in a fixed order, each query block's key blocks one after another from
-the last (:mod:`jax_bindings._cuda.bwd_source`), which needs the key blocks that walk a query
-block to be consecutive. With sorted ids, both ends of a key block's run of query blocks,
-``x // BM`` and ``max(x, y - 1) // BM``, never decrease from one key block to the next, and the
-run is never empty: so the key blocks covering a query block are consecutive. ``rt_last`` is
-the last of them.
+the last or from the first (its key order, :mod:`jax_bindings._cuda.bwd_source`), which needs
+the key blocks that walk a query block to be consecutive. With sorted ids, both ends of a key
+block's run of query blocks, ``x // BM`` and ``max(x, y - 1) // BM``, never decrease from one
+key block to the next, and the run is never empty: so the key blocks covering a query block are
+consecutive. ``rt_leads`` holds the first of them and the last.
 """
 
 from __future__ import annotations
@@ -117,18 +118,35 @@ def fwd_arrays(runtime: RuntimeMask, block_n: int) -> tuple[jax.Array, ...]:
     return lens(r), q_ids, _padded(kv_ids, block_n), ranges
 
 
-def last_key_blocks(ranges: jax.Array, sq: int) -> jax.Array:
-    """``rt_last [B, nq]`` from the backward's ``rt_ranges``: per query block, the last key block
-    whose run of query blocks (``x // BM`` to ``max(x, y - 1) // BM``) covers it, -1 if none.
-    Both ends never decrease along the key blocks (module docstring), so it is the last key
-    block whose run starts at or before the query block, if that run reaches it."""
+def _walk_ends(ranges: jax.Array, sq: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The first and last query block of each key block's walk, ``[B, nkv]`` each, and the query
+    blocks ``[nq]``."""
     bm = bwd_source.BM
     start = ranges[..., 0] // bm
     end = jnp.maximum(ranges[..., 0], ranges[..., 1] - 1) // bm
-    blocks = jnp.arange(bwd_source.num_q_blocks(sq), dtype=_I32)
+    return start, end, jnp.arange(bwd_source.num_q_blocks(sq), dtype=_I32)
+
+
+def last_key_blocks(ranges: jax.Array, sq: int) -> jax.Array:
+    """``[B, nq]`` from the backward's ``rt_ranges``: per query block, the last key block whose
+    run of query blocks (``x // BM`` to ``max(x, y - 1) // BM``) covers it, -1 if none. Both
+    ends never decrease along the key blocks (module docstring), so it is the last key block
+    whose run starts at or before the query block, if that run reaches it."""
+    start, end, blocks = _walk_ends(ranges, sq)
     j = _runs(start, jnp.broadcast_to(blocks, (start.shape[0], blocks.size)))[..., 1] - 1
     reaches = jnp.take_along_axis(end, jnp.maximum(j, 0), axis=1) >= blocks
     return jnp.where((j >= 0) & reaches, j, -1).astype(_I32)
+
+
+def first_key_blocks(ranges: jax.Array, sq: int) -> jax.Array:
+    """``[B, nq]``: per query block, the first key block whose
+    run of query blocks covers it, -1 if none: the first whose run ends at or after the query
+    block (the ends never decrease), if that run starts at or before it."""
+    start, end, blocks = _walk_ends(ranges, sq)
+    j = _runs(end, jnp.broadcast_to(blocks, (end.shape[0], blocks.size)))[..., 0]
+    inside = j < end.shape[1]
+    starts = jnp.take_along_axis(start, jnp.minimum(j, end.shape[1] - 1), axis=1) <= blocks
+    return jnp.where(inside & starts, j, -1).astype(_I32)
 
 
 def bwd_arrays(runtime: RuntimeMask) -> tuple[jax.Array, ...]:
@@ -138,5 +156,6 @@ def bwd_arrays(runtime: RuntimeMask) -> tuple[jax.Array, ...]:
         return (lens(r),)
     q_ids, kv_ids = r.q_ids.astype(_I32), r.kv_ids.astype(_I32)
     ranges = _ranges(r.exact, kv_ids, q_ids, bwd_source.BN)
-    last = last_key_blocks(ranges, q_ids.shape[1])
-    return lens(r), _padded(q_ids, bwd_source.BM), kv_ids, ranges, last
+    sq = q_ids.shape[1]
+    leads = jnp.stack([first_key_blocks(ranges, sq), last_key_blocks(ranges, sq)], axis=-1)
+    return lens(r), _padded(q_ids, bwd_source.BM), kv_ids, ranges, leads
