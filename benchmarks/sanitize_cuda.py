@@ -4,12 +4,12 @@ The variants and shapes of ``tests/test_cuda_gpu.py`` (``tests/cuda_cases.py``: 
 top-left and bottom-right, windows, bands off the diagonal with fully masked rows; GQA; lengths
 that are not tile multiples), in bfloat16 and float16: the forward in every schedule (the
 persistent ones on 5 CTAs, so that each takes several work tiles, the queue also on one per SM
-and in sections of 3 heads), the backward with dQ added in order (in both key orders) and in
+and in sections of 3 heads), the backward with dQ added in order (in every key order) and in
 arrival order; each compiled as the backend compiles it (``jax_bindings._cuda.plan``) and
 launched with CuPy (JAX runs on the CPU only), so no XLA kernel runs under the sanitizer. Each
 output is checked against a float32 NumPy reference, and so is every row's ``lse``; fully
 masked rows must give 0 and ``-inf``, and zero gradients. Then the runtime-mask variants
-(lengths, segment ids) on ``tests/cuda_cases.RUNTIME_CASES``, forward and backward (both key
+(lengths, segment ids) on ``tests/cuda_cases.RUNTIME_CASES``, forward and backward (every key
 orders), their arrays built by ``jax_bindings._cuda.runtime_tables`` with JAX on the CPU; and
 the grid forward (N-D neighborhoods) on ``tests/cuda_cases.GRID_CASES``.
 

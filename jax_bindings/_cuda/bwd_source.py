@@ -46,6 +46,23 @@ query blocks earlier), which absorbs the time an addition takes to complete, and
 first-first on the same step: there a key block waits on the one before it unless it started
 late enough, and where CTAs take the heads' items in bursts it does not. First-first on the
 last section only keeps most of both (``benchmarks/NOTES.md``, session 19).
+
+Mask: as the forward's, ``i - left <= j <= i + right``, ``0 <= j < Skv``. Inputs ``q, dout
+[B, Sq, H, D]``, ``k, v [B, Skv, Hkv, D]`` (bf16 or fp16, ``D = 128``), ``lse2 [B, H, Sq_pad]``
+(the forward's lse times log2(e); ``+inf`` on a row with no key and on the padding to
+``Sq_pad``, a multiple of 64), ``delta [B, H, Sq_pad]`` (rowsum(dout * out), 0 on the padding).
+Outputs ``dk``, ``dv`` like k, v (dk times ``scale``), ``dq_acc`` fp32 (:func:`dq_acc_shape`; dQ
+without the scale once :func:`dq_from_acc` reorders it; zeroed before the launch when not
+``ordered``), ``sem`` (int32, zeroed before the launch: a ticket counter, then a turn counter per
+(batch, head, query block)), and the CTAs' tensor-map slots. Parameters, in jaxlib's order:
+``q, k, v, dout, lse2, delta, tmap_templates, [runtime arrays,] Sq, Skv, H, Hkv, B, scale_log2,
+scale, dk, dv, dq_acc, sem, tmap_slots``.
+
+A runtime mask (``bwd_source(runtime=)``, arrays from :mod:`jax_bindings._cuda.runtime_tables`)
+is ANDed with the band: padding rows need nothing (their ``lse2`` is ``+inf``), keys at or past
+``kv_len`` are masked and walk nothing; with segment ids a key block walks only the query
+blocks of its keys' ids, and the producer copies each step's query ids with its Q and dO into
+the tensor-map staging buffers (free once the maps are published).
 """
 
 from __future__ import annotations
