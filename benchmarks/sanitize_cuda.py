@@ -9,8 +9,8 @@ arrival order; each compiled as the backend compiles it (``jax_bindings._cuda.pl
 launched with CuPy (JAX runs on the CPU only), so no XLA kernel runs under the sanitizer. Each
 output is checked against a float32 NumPy reference, and so is every row's ``lse``; fully
 masked rows must give 0 and ``-inf``, and zero gradients. Then the runtime-mask variants
-(lengths, segment ids) on ``tests/cuda_cases.RUNTIME_CASES``, forward and backward (every key
-orders), their arrays built by ``jax_bindings._cuda.runtime_tables`` with JAX on the CPU; and
+(lengths, segment ids) on ``tests/cuda_cases.RUNTIME_CASES``, forward and backward (in every
+key order), their arrays built by ``jax_bindings._cuda.runtime_tables`` with JAX on the CPU; and
 the grid forward (N-D neighborhoods) on ``tests/cuda_cases.GRID_CASES``.
 
     compute-sanitizer --tool memcheck --error-exitcode 9 python3 benchmarks/sanitize_cuda.py [grid]
