@@ -108,7 +108,7 @@ def main(argv=None) -> int:
     p.add_argument("--bwd-routes", nargs="+", default=["cuda_unordered", "triton"],
                    help="backward routes timed besides the default cuda one: cuda_unordered (dQ in "
                         "arrival order), cuda@N (ordered, items in sections of the heads whose Q and "
-                        "dO fit N MiB), last_first and first_first (ordered, in that key order), triton, "
+                        "dO fit N MiB), a key order of bwd_source.KEY_ORDERS (ordered, in it), triton, "
                         "base (--baseline's kernel)")
     p.add_argument("--baseline", default=None, help="another revision's jax_bindings/_cuda/bwd_source.py")
     p.add_argument("--out", default=None)

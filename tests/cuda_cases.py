@@ -86,11 +86,12 @@ GRID_SHAPE_CASES = [
 ]
 
 
-def other_key_orders(variant, section_bytes: int) -> list:
+def other_key_orders(variant, q_shape, k_shape) -> list:
     """A backward variant (``plan.BwdVariant``) in each key order the planner did not pick, so that
-    every order runs on every band; in sections of ``section_bytes`` (a section of a few heads,
-    so that ``first_first_at_end`` takes both orders in one launch)."""
+    every order runs on every band; in sections of one KV head for ``q [B, Sq, H, D]`` and ``k
+    [B, Skv, Hkv, D]`` (so that ``first_first_at_end`` takes both orders in one launch)."""
     from jax_bindings._cuda import bwd_source  # here: the cases themselves import no JAX
 
-    return [dataclasses.replace(variant, key_order=o, section_bytes=section_bytes)
+    one_head = bwd_source.section_bytes_of(1, q_shape[2] // k_shape[2], q_shape[1])
+    return [dataclasses.replace(variant, key_order=o, section_bytes=one_head)
             for o in bwd_source.KEY_ORDERS if o != variant.key_order]

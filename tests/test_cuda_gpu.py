@@ -34,7 +34,7 @@ if _registry.unavailable("cuda") is not None:
     pytest.skip(f"the cuda backend cannot run here: {_registry.unavailable('cuda')}", allow_module_level=True)
 
 from jax_bindings._cuda import backend as cb  # noqa: E402
-from jax_bindings._cuda import plan, source  # noqa: E402
+from jax_bindings._cuda import bwd_source, plan, source  # noqa: E402
 
 
 def _inputs(seed, sq, skv, h, hk, dtype, d=128, b=2):
@@ -203,7 +203,7 @@ def test_backward_in_the_other_key_orders_matches_the_float64_reference(case):
     q, k, v, do = _inputs(sq * skv + 1, sq, skv, h, hk, jnp.bfloat16)
     ref = attention_grads_ref(q, k, v, layout, 128**-0.5, do)
     planned = plan.bwd_variant(layout, 128, "bfloat16")
-    for variant in other_key_orders(planned, section_bytes=4 * 128 * (h // hk) * sq):
+    for variant in other_key_orders(planned, q.shape, k.shape):
         grads = _grads(q, k, v, do, layout, 128**-0.5, variant)
         for gname, g, r in zip(("dq", "dk", "dv"), grads, ref, strict=True):
             assert_close(f"{variant.key_order} {gname}", g, r, jnp.bfloat16)
@@ -227,7 +227,7 @@ def test_backward_sections_do_not_change_the_gradients():
     counts KV heads."""
     layout = _band_layout(1100, 1100, None, 0)
     q, k, v, do = _inputs(13, 1100, 1100, 6, 3, jnp.bfloat16)
-    group_bytes = 4 * 128 * 2 * 1100  # a KV head's two query heads' Q and dO
+    group_bytes = bwd_source.section_bytes_of(1, 2, 1100)  # a KV head's two query heads' Q and dO
     for order in ("last_first", "first_first"):
         planned = dataclasses.replace(plan.bwd_variant(layout, 128, "bfloat16"), key_order=order)
         want = [np.asarray(x) for x in _grads(q, k, v, do, layout, 0.1, planned)]

@@ -148,6 +148,7 @@ def test_every_schedule_has_one_signature_and_the_queue_takes_tickets():
     baked = "heads_per_section({}LL, 4LL * HD * max(Skv, 1), H * B)"
     assert baked.format(16 << 20) in sections and baked.format(0) in queue
     assert gen.section_bytes_of(3, 1000) == 3 * 4 * gen.D * 1000  # the kernel's count, mirrored
+    assert bwd.section_bytes_of(3, 2, 1000) == 3 * 4 * bwd.D * 2 * 1000  # the backward's (Q and dO)
     assert gen.with_unique_name(sections)[0] != gen.with_unique_name(gen.source(None, 0, schedule="queue"))[0]
 
 

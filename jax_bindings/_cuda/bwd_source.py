@@ -119,6 +119,13 @@ def dq_from_acc(acc, sq: int, lse=None):
     return xp.where(seen, rows, xp.zeros((), dtype=rows.dtype))
 
 
+def section_bytes_of(kv_heads: int, group: int, sq: int) -> int:
+    """``section_bytes`` that makes the backward's sections ``kv_heads`` (batch, KV head)s of
+    ``group`` query heads each at ``sq`` queries: Q and dO counted as the kernel counts them
+    (``4 * D * group * Sq`` bytes a KV head)."""
+    return kv_heads * 4 * D * group * sq
+
+
 def sem_words(b: int, h: int, sq: int) -> int:
     """int32 words of the ``sem`` output: the ticket, then a turn counter per query block and head."""
     return 1 + b * h * num_q_blocks(sq)

@@ -118,35 +118,25 @@ def fwd_arrays(runtime: RuntimeMask, block_n: int) -> tuple[jax.Array, ...]:
     return lens(r), q_ids, _padded(kv_ids, block_n), ranges
 
 
-def _walk_ends(ranges: jax.Array, sq: int) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """The first and last query block of each key block's walk, ``[B, nkv]`` each, and the query
-    blocks ``[nq]``."""
+def lead_key_blocks(ranges: jax.Array, sq: int) -> jax.Array:
+    """``rt_leads [B, nq, 2]`` from the backward's ``rt_ranges``: per query block, the first and
+    the last key block whose run of query blocks (``x // BM`` to ``max(x, y - 1) // BM``) covers
+    it, -1 if none. Both ends never decrease along the key blocks (module docstring), so the
+    first is the first key block whose run ends at or after the query block, if that run starts
+    at or before it, and the last the last whose run starts at or before it, if that run
+    reaches it."""
     bm = bwd_source.BM
     start = ranges[..., 0] // bm
     end = jnp.maximum(ranges[..., 0], ranges[..., 1] - 1) // bm
-    return start, end, jnp.arange(bwd_source.num_q_blocks(sq), dtype=_I32)
-
-
-def last_key_blocks(ranges: jax.Array, sq: int) -> jax.Array:
-    """``[B, nq]`` from the backward's ``rt_ranges``: per query block, the last key block whose
-    run of query blocks (``x // BM`` to ``max(x, y - 1) // BM``) covers it, -1 if none. Both
-    ends never decrease along the key blocks (module docstring), so it is the last key block
-    whose run starts at or before the query block, if that run reaches it."""
-    start, end, blocks = _walk_ends(ranges, sq)
-    j = _runs(start, jnp.broadcast_to(blocks, (start.shape[0], blocks.size)))[..., 1] - 1
-    reaches = jnp.take_along_axis(end, jnp.maximum(j, 0), axis=1) >= blocks
-    return jnp.where((j >= 0) & reaches, j, -1).astype(_I32)
-
-
-def first_key_blocks(ranges: jax.Array, sq: int) -> jax.Array:
-    """``[B, nq]``: per query block, the first key block whose
-    run of query blocks covers it, -1 if none: the first whose run ends at or after the query
-    block (the ends never decrease), if that run starts at or before it."""
-    start, end, blocks = _walk_ends(ranges, sq)
-    j = _runs(end, jnp.broadcast_to(blocks, (end.shape[0], blocks.size)))[..., 0]
-    inside = j < end.shape[1]
-    starts = jnp.take_along_axis(start, jnp.minimum(j, end.shape[1] - 1), axis=1) <= blocks
-    return jnp.where(inside & starts, j, -1).astype(_I32)
+    nkv = end.shape[1]
+    nq = bwd_source.num_q_blocks(sq)
+    blocks = jnp.broadcast_to(jnp.arange(nq, dtype=_I32), (end.shape[0], nq))
+    first = _runs(end, blocks)[..., 0]
+    starts = jnp.take_along_axis(start, jnp.minimum(first, nkv - 1), axis=1) <= blocks
+    last = _runs(start, blocks)[..., 1] - 1
+    reaches = jnp.take_along_axis(end, jnp.maximum(last, 0), axis=1) >= blocks
+    return jnp.stack([jnp.where((first < nkv) & starts, first, -1),
+                      jnp.where((last >= 0) & reaches, last, -1)], axis=-1).astype(_I32)
 
 
 def bwd_arrays(runtime: RuntimeMask) -> tuple[jax.Array, ...]:
@@ -156,6 +146,5 @@ def bwd_arrays(runtime: RuntimeMask) -> tuple[jax.Array, ...]:
         return (lens(r),)
     q_ids, kv_ids = r.q_ids.astype(_I32), r.kv_ids.astype(_I32)
     ranges = _ranges(r.exact, kv_ids, q_ids, bwd_source.BN)
-    sq = q_ids.shape[1]
-    leads = jnp.stack([first_key_blocks(ranges, sq), last_key_blocks(ranges, sq)], axis=-1)
+    leads = lead_key_blocks(ranges, q_ids.shape[1])
     return lens(r), _padded(q_ids, bwd_source.BM), kv_ids, ranges, leads
