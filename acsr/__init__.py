@@ -2,10 +2,11 @@
 
 Depends on numpy only (no other package of this project). See :mod:`acsr._format`
 for the documented arrays and :mod:`acsr._plan` for the backend-neutral walk plans
-(row order, key spans, segment modes, tile cover, block order, pattern family,
-diagonal bands).
+(row order, key spans, segment modes, tile cover, block order, pattern family)
+and :mod:`acsr._bands` for the diagonal bands the band kernels take.
 """
 
+from acsr._bands import Band, BandForm, band, band_form
 from acsr._build import (
     DEFAULT_BLOCK,
     from_csr,
@@ -25,10 +26,8 @@ from acsr._law import MAX_PIECES, ClosedForm, Law, Piece, fit_closed_form, fit_l
 from acsr._plan import (
     FAMILIES,
     MODES,
-    Band,
     SegmentMode,
     WalkPlan,
-    band,
     block_order,
     block_rows,
     block_work,
@@ -51,6 +50,7 @@ from acsr._runs import (
 __all__ = [
     "ACSR",
     "Band",
+    "BandForm",
     "BlockResidual",
     "ClosedForm",
     "DEFAULT_BLOCK",
@@ -67,6 +67,7 @@ __all__ = [
     "SegmentMode",
     "WalkPlan",
     "band",
+    "band_form",
     "block_order",
     "block_rows",
     "block_work",
