@@ -1,8 +1,9 @@
 """Every CUDA-backend kernel variant the gpu tests build, launched once for compute-sanitizer.
 
 The variants and shapes of ``tests/test_cuda_gpu.py`` (``tests/cuda_cases.py``: dense, causal
-top-left and bottom-right, windows, bands off the diagonal with fully masked rows; GQA; lengths
-that are not tile multiples), in bfloat16 and float16: the forward in every schedule (the
+top-left and bottom-right, windows, bands off the diagonal with fully masked rows, bands
+measured from blocks of rows; GQA; lengths that are not tile multiples; a band in phases runs
+the same kernels on folded shapes), in bfloat16 and float16: the forward in every schedule (the
 persistent ones on 5 CTAs, so that each takes several work tiles, the queue also on one per SM
 and in sections of 3 heads), the backward with dQ added in order (in every key order) and in
 arrival order; each compiled as the backend compiles it (``jax_bindings._cuda.plan``) and
@@ -157,8 +158,9 @@ def main() -> int:
         return 0
     launched = 0
     for dtype, (schedule, ctas, section, q_stages, o_store) in itertools.product(NP, LAUNCHES):
-        for name, sq, skv, left, right, h, hk in CASES:
-            layout = band_layout(sq, skv, left, right)
+        for case in CASES:
+            name, sq, skv, h, hk = case.name, case.q_len, case.kv_len, case.heads, case.kv_heads
+            layout = case.layout()
             variant = plan.rescheduled(plan.fwd_variant(layout, 128, dtype), schedule,
                                        source.section_bytes_of(section, skv), q_stages, o_store)
             rng = np.random.default_rng(sq + skv)

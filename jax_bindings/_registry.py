@@ -93,7 +93,8 @@ ENTRIES: tuple[Backend, ...] = (
         "cuda",
         "jax_bindings._cuda.backend",
         "generated CUDA C++ for Hopper (sm_90a): the fused forward on one-band masks (dense, causal, "
-        "windows) and N-D neighborhoods, the backward on wide bands, head dim 128, bfloat16/float16",
+        "windows, block-local, dilated, strided) and N-D neighborhoods, the backward on wide bands, "
+        "head dim 128, bfloat16/float16",
         ("gpu",),
     ),
     Backend(

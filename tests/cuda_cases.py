@@ -3,34 +3,61 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import numpy as np
 from runtime_masks import packed_ids
 
 import acsr
 
-CASES = [  # (name, q_len, kv_len, left, right, H, Hkv)
-    ("dense", 300, 300, None, None, 4, 2),
-    ("dense_rect", 200, 700, None, None, 2, 1),
-    ("causal", 385, 385, None, 0, 4, 4),
-    ("causal_bottom_right", 130, 300, None, 170, 2, 2),
-    ("causal_window", 600, 600, 255, 0, 4, 1),
-    ("narrow_window", 257, 257, 2, 0, 2, 2),
-    ("sliding_window", 515, 515, 100, 100, 2, 2),
-    ("off_diagonal", 300, 260, 40, -30, 2, 1),  # rows < 30 see no key
-    ("future_only", 200, 200, -1, 60, 2, 2),  # keys strictly after the query; the last row is empty
-    ("empty_row_block", 400, 300, 200, -150, 2, 1),  # rows < 150 see no key: the first row block skips
+
+class BandCase(NamedTuple):
+    """A band layout of the cuda kernels' tests: ``a(i) - left <= j <= a(i) + right`` (None:
+    unbounded), ``a(i) = i - i % block``, on ``heads`` query and ``kv_heads`` KV heads."""
+
+    name: str
+    q_len: int
+    kv_len: int
+    left: int | None
+    right: int | None
+    heads: int
+    kv_heads: int
+    block: int = 1
+
+    def layout(self) -> acsr.ACSR:
+        return band_layout(self.q_len, self.kv_len, self.left, self.right, self.block)
+
+
+CASES = [
+    BandCase("dense", 300, 300, None, None, 4, 2),
+    BandCase("dense_rect", 200, 700, None, None, 2, 1),
+    BandCase("causal", 385, 385, None, 0, 4, 4),
+    BandCase("causal_bottom_right", 130, 300, None, 170, 2, 2),
+    BandCase("causal_window", 600, 600, 255, 0, 4, 1),
+    BandCase("narrow_window", 257, 257, 2, 0, 2, 2),
+    BandCase("sliding_window", 515, 515, 100, 100, 2, 2),
+    BandCase("off_diagonal", 300, 260, 40, -30, 2, 1),  # rows < 30 see no key
+    BandCase("future_only", 200, 200, -1, 60, 2, 2),  # keys strictly after the query; the last row is empty
+    BandCase("empty_row_block", 400, 300, 200, -150, 2, 1),  # rows < 150 see no key: the first block skips
+    # bands measured from blocks of rows (block-local masks): blocks of whole row blocks, of
+    # part of one (rows of a row block differ), block-causal, and a first block that sees nothing
+    BandCase("block_local", 1100, 1100, 256, 255, 4, 2, block=256),
+    BandCase("block_local_96", 700, 650, 192, 95, 2, 1, block=96),
+    BandCase("block_causal", 530, 530, None, 199, 2, 2, block=200),
+    BandCase("block_off_diagonal", 600, 700, 300, -50, 2, 2, block=128),
 ]
 
 
-def band_layout(q_len: int, kv_len: int, left: int | None, right: int | None) -> acsr.ACSR:
-    """The layout of ``i - left <= j <= i + right`` (None: unbounded), from its dense mask."""
+def band_layout(q_len: int, kv_len: int, left: int | None, right: int | None, block: int = 1) -> acsr.ACSR:
+    """The layout of ``a(i) - left <= j <= a(i) + right`` (None: unbounded), ``a(i) = i - i %
+    block``, from its dense mask."""
     i, j = np.arange(q_len)[:, None], np.arange(kv_len)[None, :]
+    a = i - i % block
     keep = np.ones((q_len, kv_len), bool)
     if left is not None:
-        keep &= j >= i - left
+        keep &= j >= a - left
     if right is not None:
-        keep &= j <= i + right
+        keep &= j <= a + right
     return acsr.from_dense(keep)
 
 

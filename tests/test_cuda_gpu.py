@@ -2,11 +2,13 @@
 
 Skipped where the backend cannot run (no GPU, not compute capability 9.0, no compiler). Every
 variant the backend generates -- dense (176-key tiles), causal top-left and bottom-right,
-causal windows, sliding windows, bands off the diagonal with fully masked rows -- in bfloat16
+causal windows, sliding windows, bands off the diagonal with fully masked rows, bands measured
+from blocks of rows (block-local) -- in bfloat16
 and float16, the forward also in its queue schedule (and every schedule bit-identical, on few
 CTAs too), GQA, lengths that are not tile multiples, ``q_len != kv_len``, against the float64
 dense reference, forward and the generated backward (fully masked rows and unseen keys get
-zero gradients); reruns bit-identical; the calls it must refuse, refused by name; training with
+zero gradients); bands in phases (dilated, strided) folded into heads, forward and backward;
+reruns bit-identical; the calls it must refuse, refused by name; training with
 ``backend="cuda"`` on dense, causal and causal-window masks; and, under ``backend="auto"``, a
 narrow window's forward paired with another backend's backward.
 """
@@ -65,10 +67,10 @@ def _forward(layout, scale, schedule=None, ctas=None, section=0, q_stages=None, 
 
 @pytest.mark.parametrize("schedule", [None, "queue"], ids=["planned", "queue"])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "f16"])
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_forward_matches_the_float64_reference(case, dtype, schedule):
-    name, sq, skv, left, right, h, hk = case
-    layout = _band_layout(sq, skv, left, right)
+    sq, skv, h, hk = case.q_len, case.kv_len, case.heads, case.kv_heads
+    layout = case.layout()
     assert plan.fwd_variant(layout, 128, jnp.dtype(dtype).name).band is not None
     q, k, v, _ = _inputs(sq + skv, sq, skv, h, hk, dtype)
     scale = 128**-0.5
@@ -96,14 +98,14 @@ def test_reruns_are_bit_identical(schedule):
 
 
 @pytest.mark.parametrize("ctas", [None, 3], ids=["per-sm", "3-ctas"])
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_forward_schedules_are_bit_identical(case, ctas):
     """Every schedule computes a work tile alike, whichever CTA takes it: on 3 CTAs each one takes
     many tiles (the queue's two ticket slots reused, row blocks that see no key among them); the
     queue also in sections of 3 (batch, head)s, the last one short; one Q tile and two; out
     stored by TMA (the plan's) and from registers (the grid launch's)."""
-    name, sq, skv, left, right, h, hk = case
-    layout = _band_layout(sq, skv, left, right)
+    sq, skv, h, hk = case.q_len, case.kv_len, case.heads, case.kv_heads
+    layout = case.layout()
     q, k, v, _ = _inputs(sq + skv, sq, skv, h, hk, jnp.bfloat16)
     scale = 128**-0.5
     want = [np.asarray(x) for x in _forward(layout, scale, "grid")(q, k, v)]
@@ -160,6 +162,55 @@ def test_backend_cuda_trains_by_itself(sq, skv, left, right):
         assert_close(name, g, r, jnp.bfloat16)
 
 
+@pytest.mark.parametrize("mask, sq", [(masks.block_local(256, 1), 1100), (masks.dilated_window(520, 2), 1200),
+                                      (masks.strided(4), 1000)], ids=repr)
+def test_backend_cuda_trains_the_folded_forms_by_itself(mask, sq):
+    """Bands from blocks of rows and bands in phases (folded into heads): forward and backward
+    both from the generated kernels."""
+    layout = mask.to_acsr(sq, sq)
+    q, k, v, do = _inputs(sq, sq, sq, 4, 2, jnp.bfloat16)
+    scale = 128**-0.5
+    fn = jax.jit(lambda a, b, c: _dispatch.attention(a, b, c, layout, scale, "cuda"))
+    out, vjp = jax.vjp(fn, q, k, v)
+    assert_close("out", out, attention_ref(q, k, v, layout, scale)[0], jnp.bfloat16)
+    for name, g, r in zip(("dq", "dk", "dv"), vjp(do), attention_grads_ref(q, k, v, layout, scale, do),
+                          strict=True):
+        assert_close(name, g, r, jnp.bfloat16)
+
+
+PHASE_CASES = [  # (mask, q_len, kv_len, H, Hkv): bands in phases, run as bands folded into heads
+    (masks.dilated_window(520, 2), 1200, 1200, 4, 2),  # (260, 260) over 600 rows: the backward offered
+    (masks.strided(4), 1000, 1000, 6, 3),  # causal over 250 rows
+    (masks.dilated_window(300, 3), 600, 900, 2, 1),  # (100, 100): the backward goes elsewhere
+    (masks.dilated_window(64, 2), 256, 256, 2, 2),
+]
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("mask, sq, skv, h, hk", PHASE_CASES,
+                         ids=lambda x: repr(x) if isinstance(x, masks.Mask) else "")
+def test_bands_in_phases_match_the_float64_reference(mask, sq, skv, h, hk, dtype):
+    layout = mask.to_acsr(sq, skv)
+    assert plan.band_form(layout, 128, jnp.dtype(dtype).name).phases > 1
+    q, k, v, do = _inputs(sq + 3 * skv, sq, skv, h, hk, dtype)
+    scale = 128**-0.5
+    out, lse = jax.jit(lambda a, b, c: cb.attention_fwd(a, b, c, None, layout, scale))(q, k, v)
+    ref_out, ref_lse = attention_ref(q, k, v, layout, scale)
+    assert out.shape == q.shape and lse.shape == (2, h, sq)
+    assert_close("out", out, ref_out, dtype, attention_dense(q, k, v, layout, scale))
+    assert np.abs(np.asarray(lse, np.float64) - ref_lse).max() < 2e-2
+    try:
+        plan.offered_bwd_variant(layout, 128, jnp.dtype(dtype).name)
+    except NotImplementedError:
+        return
+    grads = jax.jit(lambda a, b, c, o, s, d: cb.attention_bwd(a, b, c, None, o, s, d, layout, scale))(
+        q, k, v, out, lse, do)
+    for gname, g, r, x in zip(("dq", "dk", "dv"), grads, attention_grads_ref(q, k, v, layout, scale, do),
+                              (q, k, v), strict=True):
+        assert g.dtype == x.dtype and g.shape == x.shape, gname
+        assert_close(gname, g, r, dtype)
+
+
 def _grads(q, k, v, do, layout, scale, variant=None):
     """``(dq, dk, dv)`` of the cuda forward then the generated backward (``variant``: the plan's)."""
     variant = variant or plan.bwd_variant(layout, q.shape[-1], jnp.dtype(q.dtype).name)
@@ -175,10 +226,10 @@ def _grads(q, k, v, do, layout, scale, variant=None):
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "f16"])
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_backward_matches_the_float64_reference(case, dtype):
-    name, sq, skv, left, right, h, hk = case
-    layout = _band_layout(sq, skv, left, right)
+    sq, skv, h, hk = case.q_len, case.kv_len, case.heads, case.kv_heads
+    layout = case.layout()
     q, k, v, do = _inputs(sq * skv, sq, skv, h, hk, dtype)
     scale = 128**-0.5
     grads = _grads(q, k, v, do, layout, scale)
@@ -194,12 +245,12 @@ def test_backward_matches_the_float64_reference(case, dtype):
     assert np.all(np.asarray(grads[2], np.float32)[:, unseen] == 0)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_backward_in_the_other_key_orders_matches_the_float64_reference(case):
     """The key orders the planner did not pick, on every band (so every order runs on each), in
     sections of one KV head's group (first-first at the end then takes both orders)."""
-    name, sq, skv, left, right, h, hk = case
-    layout = _band_layout(sq, skv, left, right)
+    sq, skv, h, hk = case.q_len, case.kv_len, case.heads, case.kv_heads
+    layout = case.layout()
     q, k, v, do = _inputs(sq * skv + 1, sq, skv, h, hk, jnp.bfloat16)
     ref = attention_grads_ref(q, k, v, layout, 128**-0.5, do)
     planned = plan.bwd_variant(layout, 128, "bfloat16")

@@ -38,6 +38,9 @@ from jax_bindings._cuda import source as gen
         (dict(schedule="queue", o_store="smem"), "o_store"),
         (dict(o_store="tma"), "o_store"),  # the grid launch
         (dict(schedule="queue", feed="cp.async", o_store="tma"), "o_store|schedule"),
+        (dict(band_block=0), "band_block"),
+        (dict(band_block=2.0), "band_block"),
+        (dict(band_block=True), "band_block"),
     ],
 )
 def test_bad_arguments_are_named(kwargs, name):
@@ -172,6 +175,18 @@ def test_the_plan_picks_a_schedule_and_its_grid():
              masks.sliding_window(0, 60))
     orders = [plan.bwd_variant(m.to_acsr(4096), 128, "bfloat16").key_order for m in bands]
     assert orders == ["first_first_at_end"] + ["last_first"] * 4
+    # block-local runs the band kernels measured from its blocks; dilated and strided folded
+    local = plan.fwd_variant(masks.block_local(512, 1).to_acsr(4096), 128, "bfloat16")
+    assert (local.band, local.band_block, local.schedule) == ((512, 511), 512, "strided")
+    local_bwd = plan.offered_bwd_variant(masks.block_local(512, 1).to_acsr(4096), 128, "bfloat16")
+    assert (local_bwd.band_block, local_bwd.key_order) == (512, "last_first")
+    folded = ((masks.dilated_window(512, 2), (256, 256), 2), (masks.strided(64), (None, 0), 64))
+    for mask, band, phases in folded:
+        form = plan.band_form(mask.to_acsr(4096), 128, "bfloat16")
+        assert (form.band, form.phases) == (band, phases)
+        assert plan.fwd_variant(mask.to_acsr(4096), 128, "bfloat16").band == band
+    with pytest.raises(NotImplementedError, match="runtime mask on a band in phases"):
+        plan.band_form(masks.dilated_window(512, 2).to_acsr(4096), 128, "bfloat16", "lengths")
     shape = (2, 1000, 3, 128)  # 8 row blocks, 48 work tiles
     assert plan.grid(shape, "grid", 132) == (8, 3, 2)
     assert plan.grid(shape, "strided", 132) == plan.grid(shape, "queue", 132) == (48, 1, 1)
@@ -206,6 +221,9 @@ VARIANTS = [  # (left, right, source kwargs): the backend's variants, then the s
     (255, 0, dict(feed="cp.async")),
     (255, 0, dict(feed="none")),
     (255, 0, dict(stages=3)),
+    (512, 511, dict(schedule="strided", q_stages=2, o_store="tma", band_block=512)),
+    (None, 199, dict(schedule="queue", section_bytes=16 << 20, q_stages=2, o_store="tma", band_block=200)),
+    (192, 95, dict(schedule="strided", q_stages=2, o_store="tma", band_block=96, dtype="float16")),
 ]
 
 
@@ -259,6 +277,9 @@ BWD_VARIANTS = [  # (left, right, bwd_source kwargs): the bands of tests/cuda_ca
     (None, 0, dict(key_order="first_first_at_end", section_bytes=16 << 20)),
     (1023, 0, dict(key_order="first_first", dtype="float16")),
     (None, None, dict(key_order="first_first")),
+    (512, 511, dict(band_block=512, section_bytes=16 << 20)),
+    (None, 199, dict(band_block=200, key_order="first_first_at_end", section_bytes=16 << 20)),
+    (192, 95, dict(band_block=96, key_order="first_first", dtype="float16", ordered=False)),
 ]
 
 
@@ -370,7 +391,8 @@ def test_dq_from_acc_zeroes_rows_that_see_no_key_whatever_the_buffer_holds(xp):
 @pytest.mark.parametrize("kwargs, name", [(dict(stages=0), "stages"), (dict(dtype="float32"), "dtype"),
                                           (dict(left=1.5), "left"), (dict(right=True), "right"),
                                           (dict(runtime="segments"), "runtime"),
-                                          (dict(key_order="first"), "key_order")])
+                                          (dict(key_order="first"), "key_order"),
+                                          (dict(band_block=-1), "band_block")])
 def test_backward_bad_arguments_are_named(kwargs, name):
     args = dict(left=None, right=0) | kwargs
     with pytest.raises(ValueError, match=name):

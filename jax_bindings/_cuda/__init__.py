@@ -8,6 +8,8 @@
   kernel call;
 * :mod:`~jax_bindings._cuda.grid_tiles`: the forward's spatial tiles and tables on grid
   layouts (N-D neighborhoods);
+* :mod:`~jax_bindings._cuda.phases`: a band in interleaved phases (dilated, strided) folded
+  into heads, so that it runs as a band;
 * :mod:`~jax_bindings._cuda.runtime_tables`: a runtime mask (lengths, segment ids) as the
   kernels read it, built in JAX;
 * :mod:`~jax_bindings._cuda.backend`: the backend contract (imports only where a Hopper GPU,

@@ -1,8 +1,10 @@
 """The CUDA backend: generated CUDA C++ attention kernels for Hopper, launched from JAX.
 
 Implements the backend contract of :mod:`jax_bindings._dispatch` for the fused attention on the
-masks that are one diagonal band (:func:`acsr.band`: dense, causal -- top-left or bottom-right
-aligned --, causal windows, sliding windows, bands off the diagonal), head dim 128, bfloat16
+masks that are one diagonal band in one of its forms (:func:`acsr.band_form`: dense, causal --
+top-left or bottom-right aligned --, causal windows, sliding windows, bands off the diagonal;
+bands measured from blocks of rows, as block-local; bands in interleaved phases, as dilated
+windows and strided, folded into heads by :mod:`jax_bindings._cuda.phases`), head dim 128, bfloat16
 or float16, on a GPU of compute capability 9.0 (H100, H200). Everything else is refused with
 ``NotImplementedError`` naming why, so ``backend="auto"`` moves on (to the Triton backend):
 other masks, head dims and dtypes, query offsets, soft-capping and the unfused ops. Runtime
@@ -38,6 +40,7 @@ from jax_bindings._cuda import (
     compiler,
     grid_tiles,
     launch,
+    phases,
     plan,
     runtime_tables,
     source,
@@ -138,16 +141,22 @@ def _grid_forward(q, k, v, layout: ACSR, scale: float, rt: str):
 
 
 def attention_fwd(q, k, v, runtime, layout: ACSR, scale: float, soft_cap=None):
-    """``(out [B, Sq, H, D], lse [B, H, Sq] float32)`` from the generated forward kernel."""
+    """``(out [B, Sq, H, D], lse [B, H, Sq] float32)`` from the generated forward kernel (a band
+    in phases on the arrays folded, :mod:`jax_bindings._cuda.phases`)."""
     rt = _runtime_kind(runtime, soft_cap)
     if layout.grid is not None:
         return _grid_forward(q, k, v, layout, scale, rt)
-    variant = plan.fwd_variant(layout, q.shape[-1], jnp.dtype(q.dtype).name, rt)
+    dtype = jnp.dtype(q.dtype).name
+    d = plan.band_form(layout, q.shape[-1], dtype, rt).phases
+    variant = plan.fwd_variant(layout, q.shape[-1], dtype, rt)
+    if d > 1:
+        q, k, v = (phases.fold(x, d) for x in (q, k, v))
     name, image = plan.compiled(variant)
     grid = plan.grid(q.shape, variant.schedule, _sm_count())
     maps = plan.tensor_maps(variant.block_n, q.shape, k.shape, v.shape)
     rt_arrays = runtime_tables.fwd_arrays(runtime, variant.block_n) if rt else ()
-    return run_forward(name, image, grid, variant.smem, maps, q, k, v, scale, rt_arrays)
+    out, lse = run_forward(name, image, grid, variant.smem, maps, q, k, v, scale, rt_arrays)
+    return (phases.unfold(out, d), phases.unfold_rows(lse, d)) if d > 1 else (out, lse)
 
 
 def run_backward(name: str, image: bytes, smem: int, maps: bytes, q, k, v, out, lse, dout, scale: float,
@@ -191,14 +200,20 @@ def run_backward(name: str, image: bytes, smem: int, maps: bytes, q, k, v, out, 
 
 def attention_bwd(q, k, v, runtime, out, lse, dout, layout: ACSR, scale: float, soft_cap=None):
     """``(dq, dk, dv)`` from the generated backward kernel, on the bands
-    :func:`~jax_bindings._cuda.plan.offered_bwd_variant` offers it for."""
+    :func:`~jax_bindings._cuda.plan.offered_bwd_variant` offers it for (folded as the forward)."""
     rt = _runtime_kind(runtime, soft_cap)
-    variant = plan.offered_bwd_variant(layout, q.shape[-1], jnp.dtype(q.dtype).name, rt)
+    dtype = jnp.dtype(q.dtype).name
+    d = plan.band_form(layout, q.shape[-1], dtype, rt).phases
+    variant = plan.offered_bwd_variant(layout, q.shape[-1], dtype, rt)
+    if d > 1:
+        q, k, v, out, dout = (phases.fold(x, d) for x in (q, k, v, out, dout))
+        lse = phases.fold_rows(lse, d)
     name, image = plan.compiled(variant)
     maps = plan.bwd_tensor_maps(q.shape, k.shape)
     rt_arrays = runtime_tables.bwd_arrays(runtime) if rt else ()
-    return run_backward(name, image, variant.smem, maps, q, k, v, out, lse, dout, scale, rt_arrays,
-                        ordered=variant.ordered)
+    dq, dk, dv = run_backward(name, image, variant.smem, maps, q, k, v, out, lse, dout, scale, rt_arrays,
+                              ordered=variant.ordered)
+    return (phases.unfold(dq, d), phases.unfold(dk, d), phases.unfold(dv, d)) if d > 1 else (dq, dk, dv)
 
 
 def _unfused(*args, **kwargs):

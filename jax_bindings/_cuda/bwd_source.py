@@ -47,7 +47,9 @@ first-first on the same step: there a key block waits on the one before it unles
 late enough, and where CTAs take the heads' items in bursts it does not. First-first on the
 last section only keeps most of both (``benchmarks/NOTES.md``, session 19).
 
-Mask: as the forward's, ``i - left <= j <= i + right``, ``0 <= j < Skv``. Inputs ``q, dout
+Mask: as the forward's, ``a(i) - left <= j <= a(i) + right``, ``0 <= j < Skv``, ``a(i) = i`` or
+its block's first row (``band_block``); a key block's walk is the rows whose ``a(i)`` is in
+``[n0 - right, n0 + BN - 1 + left]``, which never moves back from one key block to the next. Inputs ``q, dout
 [B, Sq, H, D]``, ``k, v [B, Skv, Hkv, D]`` (bf16 or fp16, ``D = 128``), ``lse2 [B, H, Sq_pad]``
 (the forward's lse times log2(e); ``+inf`` on a row with no key and on the padding to
 ``Sq_pad``, a multiple of 64), ``delta [B, H, Sq_pad]`` (rowsum(dout * out), 0 on the padding).
@@ -151,11 +153,21 @@ __device__ __forceinline__ void red_release_inc(int* p) {
   asm volatile("red.release.gpu.global.add.s32 [%0], 1;" :: "l"(p) : "memory");
 }
 __device__ __forceinline__ int floor_div(int x, int d) { return x >= 0 ? x / d : -((-x + d - 1) / d); }
+// the first row whose anchor (source.HELPERS' anchor_of) is >= x, and the last whose anchor is <= y
+template <int BLOCK>
+__device__ __forceinline__ int first_anchored_from(int x) {
+  return BLOCK == 1 ? x : -floor_div(-x, BLOCK) * BLOCK;
+}
+template <int BLOCK>
+__device__ __forceinline__ int last_anchored_to(int y) {
+  return BLOCK == 1 ? y : floor_div(y, BLOCK) * BLOCK + BLOCK - 1;
+}
 """
 
 _KERNEL = r"""
 constexpr int BM = __BM__, BN = __BN__, HD = __D__, STAGES = __STAGES__;
-constexpr int LEFT = __LEFT__, RIGHT = __RIGHT__;  // key j seen by row i: i - LEFT <= j <= i + RIGHT
+constexpr int LEFT = __LEFT__, RIGHT = __RIGHT__;  // key j seen by row i: a - LEFT <= j <= a + RIGHT
+constexpr int BAND_BLOCK = __BAND_BLOCK__;  // a = anchor_of<BAND_BLOCK>(i): i, or its block's first row
 constexpr bool ORDERED = __ORDERED__;
 // the heads whose key blocks go first to last (tickets, dQ additions), each walking its query
 // blocks from the last: 0 none, 1 the last section's, 2 all; the others' go last to first, each
@@ -246,8 +258,8 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     it.b = at.x / Hkv;
     it.n0 = it.j * BN;
     int lo = 0, hi = Sq - 1;
-    if (RIGHT < __UNBOUNDED__) lo = max(lo, it.n0 - RIGHT);
-    if (LEFT < __UNBOUNDED__) hi = min(hi, it.n0 + BN - 1 + LEFT);
+    if (RIGHT < __UNBOUNDED__) lo = max(lo, first_anchored_from<BAND_BLOCK>(it.n0 - RIGHT));
+    if (LEFT < __UNBOUNDED__) hi = min(hi, last_anchored_to<BAND_BLOCK>(it.n0 + BN - 1 + LEFT));
     int i_lo = lo / BM, i_hi = lo <= hi ? hi / BM : -1;
     const int2 len = batch_lengths(rt_lens, it.b, Sq, Skv);  // (q_end, kv_end)
     it.kv_end = len.y;
@@ -306,11 +318,12 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
               const int2* leads = reinterpret_cast<const int2*>(rt_leads);
               const int2 ids_lead = RT == 2 ? __ldg(leads + (size_t)w.b * nq + i) : make_int2(0, 0);
               if (w.ff) {
-                lead = LEFT < __UNBOUNDED__ ? max(0, floor_div(m0 - LEFT, BN)) : 0;
+                lead = LEFT < __UNBOUNDED__ ? max(0, floor_div(anchor_of<BAND_BLOCK>(m0) - LEFT, BN)) : 0;
                 if (RT == 2) lead = max(lead, ids_lead.x);
               } else {
                 lead = nkv - 1;
-                if (RIGHT < __UNBOUNDED__) lead = min(lead, floor_div(RIGHT + min(m0 + BM - 1, Sq - 1), BN));
+                if (RIGHT < __UNBOUNDED__)
+                  lead = min(lead, floor_div(RIGHT + anchor_of<BAND_BLOCK>(min(m0 + BM - 1, Sq - 1)), BN));
                 if (RT >= 1) lead = min(lead, (w.kv_end - 1) / BN);
                 if (RT == 2) lead = min(lead, ids_lead.y);
               }
@@ -445,8 +458,8 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     const int d0 = key0 - m0 - 2 * (lane % 4);
     const int* q_id_s = reinterpret_cast<const int*>(tmap_stage) + s * BM;  // the step's query ids
     bool edge = n0 + 64 * wg + 63 >= w.kv_end;
-    if (LEFT < __UNBOUNDED__) edge |= n0 + 64 * wg < m0 + BM - 1 - LEFT;
-    if (RIGHT < __UNBOUNDED__) edge |= n0 + 64 * wg + 63 > m0 + RIGHT;
+    if (LEFT < __UNBOUNDED__) edge |= n0 + 64 * wg < anchor_of<BAND_BLOCK>(m0 + BM - 1) - LEFT;
+    if (RIGHT < __UNBOUNDED__) edge |= n0 + 64 * wg + 63 > anchor_of<BAND_BLOCK>(m0) + RIGHT;
     if (RT == 2) edge |= m0 < w.in_lo || m0 + BM > w.in_hi;
     auto dv_product = [&]() {
 #pragma unroll
@@ -481,8 +494,10 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
       const int c = (e / 4) * 8 + 2 * (lane % 4) + (e % 2);
       float x = fast_exp2(st[e] * scale_log2 - lse_s[c]);
       if (edge) {
-        // key - row as the thread's d0 plus a constant: two compares with immediates
-        const int d = d0 + 8 * ((e / 2) % 2) - (e / 4) * 8 - (e % 2);
+        // key - row as the thread's d0 plus a constant: two compares with immediates (key - the
+        // row's anchor where the band is measured from blocks of rows)
+        const int d = BAND_BLOCK == 1 ? d0 + 8 * ((e / 2) % 2) - (e / 4) * 8 - (e % 2)
+                                      : key0 + 8 * ((e / 2) % 2) - anchor_of<BAND_BLOCK>(m0 + c);
         bool ok = (e / 2) % 2 ? in_kv[1] : in_kv[0];
         if (LEFT < __UNBOUNDED__) ok &= d >= -LEFT;
         if (RIGHT < __UNBOUNDED__) ok &= d <= RIGHT;
@@ -562,8 +577,9 @@ KEY_ORDERS = ("last_first", "first_first_at_end", "first_first")
 
 def bwd_source(left: int | None, right: int | None, *, stages: int = 2, dtype: str = "bfloat16",
                ordered: bool = True, runtime: str = "", section_bytes: int = 0,
-               key_order: str = "last_first") -> str:
-    """The backward kernel's CUDA C++ for the mask ``i - left <= j <= i + right`` (``None``: unbounded).
+               key_order: str = "last_first", band_block: int = 1) -> str:
+    """The backward kernel's CUDA C++ for the mask ``a(i) - left <= j <= a(i) + right`` (``None``:
+    unbounded), ``a(i) = i - i % band_block`` (as in :func:`source.source`).
 
     ``stages``: depth of the Q/dO ring; ``ordered``: dQ added in a fixed order (bit-identical
     reruns) rather than as it comes (see the module docstring). ``runtime``
@@ -575,13 +591,14 @@ def bwd_source(left: int | None, right: int | None, *, stages: int = 2, dtype: s
     each in turn. ``key_order`` (:data:`KEY_ORDERS`): the order of a head's key blocks in the
     tickets and in each query block's dQ sum (module docstring).
     """
-    source.check_arguments(left, right, stages, dtype)
+    source.check_arguments(left, right, stages, dtype, band_block)
     source.check_section_bytes(section_bytes)
     if key_order not in KEY_ORDERS:
         raise ValueError(f"key_order must be one of {KEY_ORDERS}, got {key_order!r}")
     subs = {
         "__BM__": BM, "__BN__": BN, "__D__": D, "__STAGES__": stages, "__LEFT__": source.bound(left),
-        "__RIGHT__": source.bound(right), "__ORDERED__": str(ordered).lower(), "__THREADS__": THREADS,
+        "__RIGHT__": source.bound(right), "__BAND_BLOCK__": band_block, "__ORDERED__": str(ordered).lower(),
+        "__THREADS__": THREADS,
         "__NAME__": KERNEL_NAME, "__UNBOUNDED__": source.UNBOUNDED,
         "__CONSUMER_WARPS__": source.CONSUMER_WARPS, "__SLOT_BYTES__": SLOT_BYTES,
         "__PRODUCER_REGS__": source.PRODUCER_REGS, "__CONSUMER_REGS__": source.CONSUMER_REGS,

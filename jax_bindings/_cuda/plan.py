@@ -43,6 +43,7 @@ class FwdVariant:
     ``o_store`` (:data:`source.O_STORES`): how the epilogue writes ``out``; the planner's
     variants store it by TMA from the Q tile (1.03-1.05x on the windows and dense at S = 16384
     against stores from registers, NOTES.md session 18).
+    ``band_block``: rows measure the band from their block's first row (:class:`acsr.BandForm`).
     """
 
     band: acsr.Band
@@ -54,6 +55,7 @@ class FwdVariant:
     runtime: str = ""
     q_stages: int = 1
     o_store: str = "registers"
+    band_block: int = 1
 
     def __post_init__(self):
         source.check_schedule(self.schedule)
@@ -63,7 +65,7 @@ class FwdVariant:
         return source.with_unique_name(source.source(
             self.band.left, self.band.right, stages=self.stages, block_n=self.block_n, dtype=self.dtype,
             schedule=self.schedule, section_bytes=self.section_bytes, runtime=self.runtime,
-            q_stages=self.q_stages, o_store=self.o_store))
+            q_stages=self.q_stages, o_store=self.o_store, band_block=self.band_block))
 
     @property
     def smem(self) -> int:
@@ -99,8 +101,9 @@ class BwdVariant:
     """One generated backward kernel (:mod:`jax_bindings._cuda.bwd_source`): the band baked in,
     the Q/dO ring depth, whether dQ is added in a fixed order (bit-identical reruns), the
     runtime mask it takes (:data:`source.RUNTIMES`), the heads' sections (``section_bytes``,
-    :data:`BWD_SECTION_BYTES` from the planner) and the key order (:data:`bwd_source.KEY_ORDERS`,
-    :func:`key_order` from the planner)."""
+    :data:`BWD_SECTION_BYTES` from the planner), the key order (:data:`bwd_source.KEY_ORDERS`,
+    :func:`key_order` from the planner) and the band's row blocks (``band_block``, as in
+    :class:`FwdVariant`)."""
 
     band: acsr.Band
     dtype: str
@@ -109,11 +112,13 @@ class BwdVariant:
     runtime: str = ""
     section_bytes: int = 0
     key_order: str = "last_first"
+    band_block: int = 1
 
     def named_source(self) -> tuple[str, str]:
         return bwd_source.with_unique_name(bwd_source.bwd_source(
             self.band.left, self.band.right, stages=self.stages, dtype=self.dtype, ordered=self.ordered,
-            runtime=self.runtime, section_bytes=self.section_bytes, key_order=self.key_order))
+            runtime=self.runtime, section_bytes=self.section_bytes, key_order=self.key_order,
+            band_block=self.band_block))
 
     @property
     def smem(self) -> int:
@@ -127,16 +132,23 @@ def _check_call(head_dim: int, dtype: str) -> None:
         raise NotImplementedError(f"the cuda kernels take dtypes {DTYPES}, got {dtype}")
 
 
-def _band(layout: ACSR, head_dim: int, dtype: str) -> acsr.Band:
-    """The layout's band, or NotImplementedError saying why no kernel is generated for the call."""
+def band_form(layout: ACSR, head_dim: int, dtype: str, runtime: str = "") -> acsr.BandForm:
+    """The layout's band form (:func:`acsr.band_form`), or NotImplementedError saying why no
+    kernel is generated for the call. A band in ``d > 1`` phases runs as a band over ``S / d`` rows
+    and ``d`` times the heads (the backend folds the arrays, :mod:`jax_bindings._cuda.phases`); a
+    runtime mask is taken on the other forms only."""
     _check_call(head_dim, dtype)
     if layout.grid is not None:
         raise NotImplementedError("the cuda backward takes no grid layout (the spatial-tile forward only)")
-    band = acsr.band(layout)
-    if band is None:
+    form = acsr.band_form(layout)
+    if form is None:
         family = acsr.pattern_family(layout)
-        raise NotImplementedError(f"the cuda kernels take one-band masks; this one is {family}")
-    return band
+        raise NotImplementedError(
+            f"the cuda kernels take one-band masks (acsr.band_form); this one is {family}")
+    if form.phases > 1 and runtime:
+        raise NotImplementedError("the cuda kernels take no runtime mask on a band in phases (a dilated or "
+                                  "strided mask)")
+    return form
 
 
 # Q and dO bytes of the (batch, KV head)s whose items the backward takes in turn (a section): 4
@@ -158,9 +170,9 @@ def key_order(band: acsr.Band) -> str:
 
 def bwd_variant(layout: ACSR, head_dim: int, dtype: str, runtime: str = "") -> BwdVariant:
     """The backward kernel for this call, or NotImplementedError saying why none is generated."""
-    band = _band(layout, head_dim, dtype)
-    return BwdVariant(band, dtype, runtime=runtime, section_bytes=BWD_SECTION_BYTES,
-                      key_order=key_order(band))
+    form = band_form(layout, head_dim, dtype, runtime)
+    return BwdVariant(form.band, dtype, runtime=runtime, section_bytes=BWD_SECTION_BYTES,
+                      key_order=key_order(form.band), band_block=form.block)
 
 
 # Query rows a key block's walk covers (``left + right + BN``) from which the backend offers
@@ -181,7 +193,7 @@ def offered_bwd_variant(layout: ACSR, head_dim: int, dtype: str, runtime: str = 
     variant = bwd_variant(layout, head_dim, dtype, runtime)
     band = variant.band
     if band.left is not None and band.right is not None:
-        rows = band.left + band.right + bwd_source.BN
+        rows = band.left + band.right + variant.band_block - 1 + bwd_source.BN
         if rows < MIN_BWD_BAND_ROWS:
             raise NotImplementedError(
                 f"the cuda backward is offered on bands of {MIN_BWD_BAND_ROWS} rows or more with a key "
@@ -220,14 +232,16 @@ def fwd_variant(layout: ACSR, head_dim: int, dtype: str, runtime: str = "") -> F
     NotImplementedError saying why none is generated."""
     if layout.grid is not None:
         return grid_fwd_variant(layout, head_dim, dtype, runtime)
-    band = _band(layout, head_dim, dtype)
+    form = band_form(layout, head_dim, dtype, runtime)
+    band, block = form.band, form.block
     if band.left is None and band.right is None:
         return FwdVariant(band, dtype, block_n=176, schedule="queue", runtime=runtime, o_store="tma")
     if band.left is None:
         variant = FwdVariant(band, dtype, schedule="queue", section_bytes=QUEUE_SECTION_BYTES,
-                             runtime=runtime, o_store="tma")
+                             runtime=runtime, o_store="tma", band_block=block)
     else:
-        variant = FwdVariant(band, dtype, schedule="strided", runtime=runtime, o_store="tma")
+        variant = FwdVariant(band, dtype, schedule="strided", runtime=runtime, o_store="tma",
+                             band_block=block)
     return with_two_q_tiles(variant)
 
 

@@ -37,10 +37,14 @@ Mask: a query at row ``i`` sees keys ``j`` with ``i - left <= j <= i + right`` (
 bound; either may be negative), ``0 <= j < Skv``; a row block that sees no key skips its walk
 (the producer loads nothing for it; the consumers still write its rows: ``out = 0``,
 ``lse = -inf``). Dense is ``(None, None)``; causal ``(None, 0)``; a causal window of ``W`` keys
-``(W - 1, 0)``. Inputs ``[B, S, H, D]`` bf16 or fp16 (``dtype``) with ``D = 128``, GQA by
-``H // Hkv``; outputs ``out [B, Sq, H, D]`` in the input dtype and ``lse [B, H, Sq]`` fp32
-(natural log; ``-inf`` and ``out = 0`` on a row with no key). ``sem`` is one int32, zeroed
-before the launch (the queue's ticket counter; passed, unused, by the other schedules).
+``(W - 1, 0)``. With ``band_block > 1`` the band is measured from each row's block's first row
+``a(i) = i - i % band_block`` instead of ``i`` (block-local masks: ``left = lookback * block``,
+``right = block - 1``); where ``band_block`` is a multiple of the row block, every row of a
+row block sees the same keys, and where they start and end on key tiles no tile is masked.
+Inputs ``[B, S, H, D]`` bf16 or fp16 (``dtype``) with ``D = 128``, GQA by ``H // Hkv``; outputs
+``out [B, Sq, H, D]`` in the input dtype and ``lse [B, H, Sq]`` fp32 (natural log; ``-inf`` and
+``out = 0`` on a row with no key). ``sem`` is one int32, zeroed before the launch (the queue's
+ticket counter; passed, unused, by the other schedules).
 Parameters: the array inputs, the scalars, then the array outputs (the order jaxlib's kernel
 call hands buffers in): ``q, k, v, tmap_templates, [runtime arrays,] Sq, Skv, H, Hkv, B,
 scale_log2, out, lse, sem, tmap_slots``.
@@ -154,6 +158,10 @@ typedef unsigned long uintptr_t;
 #include <stdint.h>
 #endif
 #define NEG_INF __int_as_float(0xff800000)
+
+// the row a band is measured from: row i itself, or the first row of its block of BLOCK rows
+template <int BLOCK>
+__device__ __forceinline__ int anchor_of(int i) { return BLOCK == 1 ? i : i - i % BLOCK; }
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -350,7 +358,8 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 
 _KERNEL = r"""
 constexpr int BM = __BM__, BN = __BN__, HD = __D__, STAGES = __STAGES__, SN = BN / 2;
-constexpr int LEFT = __LEFT__, RIGHT = __RIGHT__;  // key j seen by row i: i - LEFT <= j <= i + RIGHT
+constexpr int LEFT = __LEFT__, RIGHT = __RIGHT__;  // key j seen by row i: a - LEFT <= j <= a + RIGHT
+constexpr int BAND_BLOCK = __BAND_BLOCK__;  // a = anchor_of<BAND_BLOCK>(i): i, or its block's first row
 constexpr bool OVERLAP = __OVERLAP__, PINGPONG = __PINGPONG__;
 constexpr int SCHEDULE = __SCHEDULE__;  // 0: grid, 1: strided, 2: queue
 // Q tiles in shared memory: with 2 (persistent schedules), the next work tile's Q and its first
@@ -479,8 +488,8 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     }
     // the key tiles any row of the block sees
     int lo = 0, hi = Skv;
-    if (LEFT < __UNBOUNDED__) lo = max(0, x.m0 - LEFT);
-    if (RIGHT < __UNBOUNDED__) hi = min(Skv, x.m0 + BM - 1 + RIGHT + 1);
+    if (LEFT < __UNBOUNDED__) lo = max(0, anchor_of<BAND_BLOCK>(x.m0) - LEFT);
+    if (RIGHT < __UNBOUNDED__) hi = min(Skv, anchor_of<BAND_BLOCK>(x.m0 + BM - 1) + RIGHT + 1);
     const int2 len = batch_lengths(rt_lens, x.b, Sq, Skv);
     x.q_end = len.x;
     x.kv_end = len.y;
@@ -772,8 +781,8 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   auto softmax = [&](int t, int s) {
     const int n0 = (t0 + t) * BN;
     bool edge = n0 + BN > kv_end;
-    if (LEFT < __UNBOUNDED__) edge |= n0 < m0 + BM - 1 - LEFT;
-    if (RIGHT < __UNBOUNDED__) edge |= n0 + BN - 1 > m0 + RIGHT;
+    if (LEFT < __UNBOUNDED__) edge |= n0 < anchor_of<BAND_BLOCK>(m0 + BM - 1) - LEFT;
+    if (RIGHT < __UNBOUNDED__) edge |= n0 + BN - 1 > anchor_of<BAND_BLOCK>(m0) + RIGHT;
     if (RT == 2) edge |= n0 < in_lo || n0 + BN > in_hi;
     if (GRID) {
       edge = gedge;
@@ -788,11 +797,14 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
       }
     } else if (edge) {
       // col - row and kv_end - col as per-thread values plus constants: compares with immediates
+      // (col - the rows' anchors where the band is measured from blocks of rows)
       const int col0 = n0 + 2 * (lane % 4), d0 = col0 - rows[0], room = kv_end - col0;
+      const int anchors[2] = {anchor_of<BAND_BLOCK>(rows[0]), anchor_of<BAND_BLOCK>(rows[1])};
       const int* key_id = reinterpret_cast<const int*>(smem + (s_ids - s_q) + s * BN * 4) + 2 * (lane % 4);
 #pragma unroll
       for (int i = 0; i < SN; ++i) {
-        const int dc = (i / 4) * 8 + (i % 2), d = d0 + dc - 8 * ((i / 2) % 2);
+        const int dc = (i / 4) * 8 + (i % 2);
+        const int d = BAND_BLOCK == 1 ? d0 + dc - 8 * ((i / 2) % 2) : col0 + dc - anchors[(i / 2) % 2];
         bool ok = dc < room;
         if (LEFT < __UNBOUNDED__) ok &= d >= -LEFT;
         if (RIGHT < __UNBOUNDED__) ok &= d <= RIGHT;
@@ -1052,8 +1064,10 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
 """
 
 
-def check_arguments(left, right, stages: int, dtype: str) -> None:
+def check_arguments(left, right, stages: int, dtype: str, band_block: int = 1) -> None:
     """ValueError naming the argument of a generator (this one's or the backward's) that is bad."""
+    if isinstance(band_block, bool) or not isinstance(band_block, int) or not 1 <= band_block < UNBOUNDED:
+        raise ValueError(f"band_block must be an int in [1, 2**30), got {band_block!r}")
     if stages < 1:
         raise ValueError(f"stages must be >= 1, got {stages}")
     if dtype not in ELEMENTS:
@@ -1133,8 +1147,10 @@ def grid_subs(grid) -> dict[str, str]:
 def source(left: int | None, right: int | None, *, stages: int = 2, overlap: bool = True,
            pingpong: bool = True, feed: str = "tma", proxy_fence: bool | None = None,
            block_n: int = BN, dtype: str = "bfloat16", schedule: str = "grid", section_bytes: int = 0,
-           runtime: str = "", grid=None, q_stages: int = 1, o_store: str = "registers") -> str:
-    """The kernel's CUDA C++ for the mask ``i - left <= j <= i + right`` (``None``: unbounded).
+           runtime: str = "", grid=None, q_stages: int = 1, o_store: str = "registers",
+           band_block: int = 1) -> str:
+    """The kernel's CUDA C++ for the mask ``a(i) - left <= j <= a(i) + right`` (``None``: unbounded),
+    ``a(i) = i - i % band_block`` (row ``i`` itself by default; :class:`acsr.BandForm`'s ``block``).
 
     ``feed``: how K/V reach shared memory: ``"tma"`` (tensor maps: ``tmap_templates`` holds K's,
     V's and Q's, encoded on the host for the call's shapes; each CTA publishes them with its base
@@ -1184,7 +1200,7 @@ def source(left: int | None, right: int | None, *, stages: int = 2, overlap: boo
         raise ValueError(f"schedule={schedule!r} needs feed='tma' (Q comes by TMA), got feed={feed!r}")
     if block_n % 16 or not 16 <= block_n <= 256:
         raise ValueError(f"block_n must be a multiple of 16 in [16, 256], got {block_n}")
-    check_arguments(left, right, stages, dtype)
+    check_arguments(left, right, stages, dtype, band_block)
     if runtime == "ids" and feed != "tma":
         raise ValueError(f"runtime='ids' needs feed='tma' (key ids come with K by bulk copy), got {feed!r}")
     check_section_bytes(section_bytes)
@@ -1197,15 +1213,17 @@ def source(left: int | None, right: int | None, *, stages: int = 2, overlap: boo
         raise ValueError(f"o_store='tma' needs a persistent schedule, feed='tma' and no grid tiles, got "
                          f"schedule={schedule!r}, feed={feed!r}, grid={grid!r}")
     if grid is not None:
-        if schedule == "grid" or runtime or left is not None or right is not None:
+        if schedule == "grid" or runtime or left is not None or right is not None or band_block != 1:
             raise ValueError(f"grid tiles need a persistent schedule, no runtime mask and no band, got "
-                             f"schedule={schedule!r}, runtime={runtime!r}, left={left!r}, right={right!r}")
+                             f"schedule={schedule!r}, runtime={runtime!r}, left={left!r}, right={right!r}, "
+                             f"band_block={band_block!r}")
         if block_n != grid.block_n:
             raise ValueError(f"block_n must be the key tile's {grid.block_n} keys with grid tiles, "
                              f"got {block_n}")
     subs = {
         "__BM__": BM, "__BN__": block_n, "__D__": D, "__STAGES__": stages, "__LEFT__": bound(left),
-        "__RIGHT__": bound(right), "__THREADS__": THREADS, "__NAME__": KERNEL_NAME,
+        "__RIGHT__": bound(right), "__BAND_BLOCK__": band_block, "__THREADS__": THREADS,
+        "__NAME__": KERNEL_NAME,
         "__UNBOUNDED__": UNBOUNDED, "__CONSUMER_WARPS__": CONSUMER_WARPS, "__V_LEAD__": block_n * 128,
         "__V_STRIDE__": 1024, "__OVERLAP__": str(overlap).lower(),
         "__PINGPONG__": str(pingpong).lower(), "__PRODUCER_WARPS__": PRODUCER_WARPS,
