@@ -146,12 +146,9 @@ def test_soft_cap_and_the_windows_backward_are_refused():
         cb.attention_bwd(q, k, v, None, q, None, do, _band_layout(64, 64, 16, 0), 0.1)
 
 
-@pytest.mark.parametrize("sq, skv, left, right", [(1000, 1000, None, None), (777, 1300, None, 1300 - 777),
-                                                  (1300, 777, None, -100), (1500, 1500, 1023, 0)],
-                         ids=["dense", "causal-bottom-right", "causal-rows-see-nothing", "causal-window"])
-def test_backend_cuda_trains_by_itself(sq, skv, left, right):
-    """``backend="cuda"`` (no fallback): forward and backward both from the generated kernels."""
-    layout = _band_layout(sq, skv, left, right)
+def _assert_cuda_trains(layout, sq, skv):
+    """``backend="cuda"`` (no fallback) on ``layout``: forward and gradients, both from the generated
+    kernels, match the float64 reference."""
     q, k, v, do = _inputs(sq + skv, sq, skv, 4, 2, jnp.bfloat16)
     scale = 128**-0.5
     fn = jax.jit(lambda a, b, c: _dispatch.attention(a, b, c, layout, scale, "cuda"))
@@ -162,20 +159,18 @@ def test_backend_cuda_trains_by_itself(sq, skv, left, right):
         assert_close(name, g, r, jnp.bfloat16)
 
 
+@pytest.mark.parametrize("sq, skv, left, right", [(1000, 1000, None, None), (777, 1300, None, 1300 - 777),
+                                                  (1300, 777, None, -100), (1500, 1500, 1023, 0)],
+                         ids=["dense", "causal-bottom-right", "causal-rows-see-nothing", "causal-window"])
+def test_backend_cuda_trains_by_itself(sq, skv, left, right):
+    _assert_cuda_trains(_band_layout(sq, skv, left, right), sq, skv)
+
+
 @pytest.mark.parametrize("mask, sq", [(masks.block_local(256, 1), 1100), (masks.dilated_window(520, 2), 1200),
                                       (masks.strided(4), 1000)], ids=repr)
 def test_backend_cuda_trains_the_folded_forms_by_itself(mask, sq):
-    """Bands from blocks of rows and bands in phases (folded into heads): forward and backward
-    both from the generated kernels."""
-    layout = mask.to_acsr(sq, sq)
-    q, k, v, do = _inputs(sq, sq, sq, 4, 2, jnp.bfloat16)
-    scale = 128**-0.5
-    fn = jax.jit(lambda a, b, c: _dispatch.attention(a, b, c, layout, scale, "cuda"))
-    out, vjp = jax.vjp(fn, q, k, v)
-    assert_close("out", out, attention_ref(q, k, v, layout, scale)[0], jnp.bfloat16)
-    for name, g, r in zip(("dq", "dk", "dv"), vjp(do), attention_grads_ref(q, k, v, layout, scale, do),
-                          strict=True):
-        assert_close(name, g, r, jnp.bfloat16)
+    """Bands from blocks of rows and bands in phases (folded into heads)."""
+    _assert_cuda_trains(mask.to_acsr(sq, sq), sq, sq)
 
 
 PHASE_CASES = [  # (mask, q_len, kv_len, H, Hkv): bands in phases, run as bands folded into heads
