@@ -185,8 +185,9 @@ def test_the_plan_picks_a_schedule_and_its_grid():
         form = plan.band_form(mask.to_acsr(4096), 128, "bfloat16")
         assert (form.band, form.phases) == (band, phases)
         assert plan.fwd_variant(mask.to_acsr(4096), 128, "bfloat16").band == band
-    with pytest.raises(NotImplementedError, match="runtime mask on a band in phases"):
-        plan.band_form(masks.dilated_window(512, 2).to_acsr(4096), 128, "bfloat16", "lengths")
+    for mask in (masks.dilated_window(512, 2), masks.block_local(512, 1)):
+        with pytest.raises(NotImplementedError, match="runtime mask on plain bands only"):
+            plan.band_form(mask.to_acsr(4096), 128, "bfloat16", "lengths")
     shape = (2, 1000, 3, 128)  # 8 row blocks, 48 work tiles
     assert plan.grid(shape, "grid", 132) == (8, 3, 2)
     assert plan.grid(shape, "strided", 132) == plan.grid(shape, "queue", 132) == (48, 1, 1)

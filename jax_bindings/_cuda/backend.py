@@ -8,7 +8,7 @@ windows and strided, folded into heads by :mod:`jax_bindings._cuda.phases`), hea
 or float16, on a GPU of compute capability 9.0 (H100, H200). Everything else is refused with
 ``NotImplementedError`` naming why, so ``backend="auto"`` moves on (to the Triton backend):
 other masks, head dims and dtypes, query offsets, soft-capping and the unfused ops. Runtime
-masks of lengths and segment ids are taken (:mod:`jax_bindings._cuda.runtime_tables`). The
+masks of lengths and segment ids are taken on plain bands (:mod:`jax_bindings._cuda.runtime_tables`). The
 backward (:mod:`jax_bindings._cuda.bwd_source`, through :func:`run_backward`) is offered on the
 bands :func:`~jax_bindings._cuda.plan.offered_bwd_variant` names (dense, causal, windows of
 640 rows and more with a key block); the backward of a narrower window's forward run here goes

@@ -135,8 +135,9 @@ def _check_call(head_dim: int, dtype: str) -> None:
 def band_form(layout: ACSR, head_dim: int, dtype: str, runtime: str = "") -> acsr.BandForm:
     """The layout's band form (:func:`acsr.band_form`), or NotImplementedError saying why no
     kernel is generated for the call. A band in ``d > 1`` phases runs as a band over ``S / d`` rows
-    and ``d`` times the heads (the backend folds the arrays, :mod:`jax_bindings._cuda.phases`); a
-    runtime mask is taken on the other forms only."""
+    and ``d`` times the heads (the backend folds the arrays, :mod:`jax_bindings._cuda.phases`). A
+    runtime mask is taken on plain bands only (on the other forms the kernels were not tested
+    with one)."""
     _check_call(head_dim, dtype)
     if layout.grid is not None:
         raise NotImplementedError("the cuda backward takes no grid layout (the spatial-tile forward only)")
@@ -145,9 +146,10 @@ def band_form(layout: ACSR, head_dim: int, dtype: str, runtime: str = "") -> acs
         family = acsr.pattern_family(layout)
         raise NotImplementedError(
             f"the cuda kernels take one-band masks (acsr.band_form); this one is {family}")
-    if form.phases > 1 and runtime:
-        raise NotImplementedError("the cuda kernels take no runtime mask on a band in phases (a dilated or "
-                                  "strided mask)")
+    if runtime and (form.phases > 1 or form.block > 1):
+        raise NotImplementedError(
+            "the cuda kernels take a runtime mask on plain bands only, not on a band in phases (dilated, "
+            "strided) or measured from blocks of rows (block-local)")
     return form
 
 
