@@ -123,14 +123,19 @@ def band(layout: ACSR) -> Band | None:
     return _band_of_rows(seg.base, seg.count, np.arange(layout.q_len), layout.kv_len)
 
 
+def block_height(rows: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> int:
+    """The gcd of the ``rows`` (ascending) where a bound ``lo`` or ``hi`` changes from the row
+    before; 0 where none changes. Bounds that change only at multiples of a block height >= 2
+    are block-local."""
+    at = np.flatnonzero((np.diff(lo) != 0) | (np.diff(hi) != 0)) + 1
+    return int(np.gcd.reduce(rows[at])) if at.size else 0
+
+
 def _block_band(seg: Segment, q_len: int, kv_len: int) -> BandForm | None:
-    """A stride-1 segment as a band measured from blocks of rows (the gcd of the rows where a
-    bound changes, 2 or more), or None."""
+    """A stride-1 segment as a band measured from blocks of rows (:func:`block_height`, 2 or
+    more), or None."""
     lo, count = seg.base.astype(np.int64), seg.count.astype(np.int64)
-    at = np.flatnonzero((np.diff(lo) != 0) | (np.diff(lo + count) != 0)) + 1
-    if at.size == 0:
-        return None
-    block = int(np.gcd.reduce(at))
+    block = block_height(np.arange(q_len), lo, lo + count)
     if block < 2:
         return None
     r = np.arange(q_len)

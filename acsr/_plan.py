@@ -53,6 +53,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from acsr._bands import block_height
 from acsr._format import ACSR, Segment
 
 MODES = ("dense", "aligned", "modular")
@@ -307,12 +308,6 @@ def _diagonal(x: np.ndarray, r: np.ndarray, edge: int, clip) -> int | str | None
     return a if np.array_equal(clip(r + a, edge), x) else None
 
 
-def _blocky(lo: np.ndarray, hi: np.ndarray, r: np.ndarray) -> bool:
-    """Whether row bounds change only at multiples of one block height >= 2."""
-    at = np.flatnonzero((np.diff(lo) != 0) | (np.diff(hi) != 0)) + 1
-    return at.size > 0 and int(np.gcd.reduce(r[at])) >= 2
-
-
 def _segment_family(seg: Segment, q_len: int, kv_len: int) -> str:
     """One segment's shape: a family of :data:`FAMILIES`, or ``"prefix"`` (every row starts at column 0)."""
     r = np.flatnonzero(seg.count > 0)
@@ -330,7 +325,7 @@ def _segment_family(seg: Segment, q_len: int, kv_len: int) -> str:
             return "causal"  # one bound on the edge, the other on a diagonal (either orientation)
         diagonals = {0, kv_len - q_len}  # top-left and bottom-right aligned
         return "causal_window" if (hi_a - 1 in diagonals or lo_a in diagonals) else "window"
-    if _blocky(lo, hi, r):
+    if block_height(r, lo, hi) >= 2:
         return "block_local"
     return "prefix" if np.all(lo == 0) else "other"
 
