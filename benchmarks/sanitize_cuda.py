@@ -6,8 +6,9 @@ measured from blocks of rows; GQA; lengths that are not tile multiples; a band i
 the same kernels on folded shapes), in bfloat16 and float16: the forward in every schedule (the
 persistent ones on 5 CTAs, so that each takes several work tiles, the queue also on one per SM
 and in sections of 3 heads), the backward with dQ added in order (in every key order) and in
-arrival order; each compiled as the backend compiles it (``jax_bindings._cuda.plan``) and
-launched with CuPy (JAX runs on the CPU only), so no XLA kernel runs under the sanitizer. Each
+arrival order, with the passes around it (delta, dq's rows); each compiled as the backend
+compiles it (``jax_bindings._cuda.plan``, ``bwd_passes``) and launched with CuPy (JAX runs on
+the CPU only), so no XLA kernel runs under the sanitizer. Each
 output is checked against a float32 NumPy reference, and so is every row's ``lse``; fully
 masked rows must give 0 and ``-inf``, and zero gradients. Then the runtime-mask variants
 (lengths, segment ids) on ``tests/cuda_cases.RUNTIME_CASES``, forward and backward (in every
@@ -39,7 +40,7 @@ from cuda_cases import CASES, GRID_CASES, RUNTIME_CASES, band_layout, other_key_
 from runtime_masks import build_arguments, runtime_dense  # noqa: E402
 
 from jax_bindings import _runtime  # noqa: E402
-from jax_bindings._cuda import bwd_source, grid_tiles, plan, runtime_tables, source  # noqa: E402
+from jax_bindings._cuda import bwd_passes, bwd_source, grid_tiles, plan, runtime_tables, source  # noqa: E402
 from splat import masks  # noqa: E402
 
 NP = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
@@ -86,42 +87,53 @@ def grads_reference(q, k, v, do, mask, scale):
     return dq, fold(dk), fold(dv)
 
 
-def _kernel(variant):
-    name, image = plan.compiled(variant)
+def _loaded(name: str, image: bytes):
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(image)
         f.flush()
-        fn = cp.RawModule(path=f.name).get_function(name)
+        return cp.RawModule(path=f.name).get_function(name)
+
+
+def _kernel(variant):
+    fn = _loaded(*plan.compiled(variant))
     fn.max_dynamic_shared_size_bytes = variant.smem
     return fn
 
 
 def launch_bwd(variant, q, k, v, out, lse, do, scale, rt_arrays=()):
-    """``(dq, dk, dv)`` of the backward kernel (the JAX-side preparation of ``backend.run_backward``
-    done in NumPy); ``rt_arrays``: the runtime mask's (``runtime_tables.bwd_arrays``)."""
+    """``(dq, dk, dv)`` of the backward kernel with the passes around it (``bwd_passes``: delta
+    before, dq's rows after), ``lse2`` prepared in NumPy as ``backend.run_backward`` prepares it;
+    ``rt_arrays``: the runtime mask's (``runtime_tables.bwd_arrays``)."""
     fn = _kernel(variant)
     B, Sq, H, D = q.shape
-    pad = bwd_source.num_q_blocks(Sq) * bwd_source.BM - Sq
+    nq = bwd_source.num_q_blocks(Sq)
+    pad = nq * bwd_source.BM - Sq
     lse2 = np.where(np.isneginf(lse), np.inf, lse * math.log2(math.e)).astype(np.float32)
     lse2 = np.pad(lse2, ((0, 0), (0, 0), (0, pad)), constant_values=np.inf)
-    delta = np.einsum("bshd,bshd->bhs", do.astype(np.float32), out.astype(np.float32))
-    delta = np.pad(delta, ((0, 0), (0, 0), (0, pad))).astype(np.float32)
+    sq_pad = nq * bwd_source.BM
+    delta = cp.full((B, H, sq_pad), np.nan, dtype=np.float32)  # the pass writes every element
+    _loaded(*bwd_passes.compiled("delta", variant.dtype))(
+        (-(-B * sq_pad * H // bwd_passes.ROWS_PER_CTA),), (bwd_passes.THREADS,),
+        (cp.asarray(out), cp.asarray(do), np.int32(B), np.int32(Sq), np.int32(H), np.int32(sq_pad), delta))
     grid = plan.bwd_grid(k.shape, cp.cuda.Device().attributes["MultiProcessorCount"])
     maps = cp.asarray(np.frombuffer(plan.bwd_tensor_maps(q.shape, k.shape), np.uint8))
     dk, dv = (cp.full(k.shape, np.nan, dtype=k.dtype) for _ in range(2))
     # the ordered kernel stores each query block's first part: NaN where it writes nothing (blocks
-    # no key block reaches), which dq_from_acc must turn into 0
+    # no key block reaches), which the dq pass must turn into 0
     dq_acc = cp.full(bwd_source.dq_acc_shape(B, H, Sq), np.nan if variant.ordered else 0, dtype=np.float32)
     sem = cp.zeros(bwd_source.sem_words(B, H, Sq), dtype=np.int32)
     slots = cp.zeros(grid[0] * grid[1] * grid[2] * bwd_source.SLOT_BYTES, dtype=np.uint8)
-    args = (*(cp.asarray(x) for x in (q, k, v, do, lse2, delta)), maps,
+    args = (*(cp.asarray(x) for x in (q, k, v, do, lse2)), delta, maps,
             *(cp.asarray(np.asarray(x)) for x in rt_arrays), np.int32(Sq), np.int32(k.shape[1]),
             np.int32(H), np.int32(k.shape[2]), np.int32(B), np.float32(scale * math.log2(math.e)),
             np.float32(scale), dk, dv, dq_acc, sem, slots)
     fn(grid, (bwd_source.THREADS,), args, shared_mem=variant.smem)
+    dq = cp.full(q.shape, np.nan, dtype=q.dtype)
+    _loaded(*bwd_passes.compiled("dq_rows", variant.dtype))(
+        (B * H * nq,), (bwd_passes.THREADS,),
+        (dq_acc, cp.asarray(lse2), np.int32(Sq), np.int32(H), np.int32(nq), np.float32(scale), dq))
     cp.cuda.runtime.deviceSynchronize()
-    dq = bwd_source.dq_from_acc(cp.asnumpy(dq_acc), Sq, lse) * scale
-    return dq, cp.asnumpy(dk).astype(np.float32), cp.asnumpy(dv).astype(np.float32)
+    return tuple(cp.asnumpy(x).astype(np.float32) for x in (dq, dk, dv))
 
 
 def launch(variant, q, k, v, scale, ctas=None, rt_arrays=()):

@@ -15,8 +15,8 @@ import re
 import numpy as np
 import pytest
 
+from jax_bindings._cuda import bwd_passes, compiler
 from jax_bindings._cuda import bwd_source as bwd
-from jax_bindings._cuda import compiler
 from jax_bindings._cuda import source as gen
 
 
@@ -347,6 +347,17 @@ def test_backward_sections_are_baked_in_and_checked():
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="section_bytes"):
             bwd.bwd_source(None, 0, section_bytes=bad)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_the_backwards_passes_compile_for_sm90a_without_spills(cuda_compiler, dtype):
+    """delta before the backward kernel and dq's rows after it (``bwd_passes``)."""
+    for kernel in bwd_passes.KERNELS:
+        text = bwd_passes.pass_source(kernel, dtype).replace("__NAME__", "splat_pass")
+        image, log = cuda_compiler.compile(text, verbose=True)
+        assert image[:4] == b"\x7fELF", "not a cubin"
+        assert "warning" not in log.lower(), log
+        assert " 0 bytes spill stores" in log, log
 
 
 def test_dq_from_acc_inverts_the_kernels_fragment_order():

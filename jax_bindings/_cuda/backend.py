@@ -36,6 +36,7 @@ import numpy as np
 
 from acsr import ACSR
 from jax_bindings._cuda import (
+    bwd_passes,
     bwd_source,
     compiler,
     grid_tiles,
@@ -174,8 +175,7 @@ def run_backward(name: str, image: bytes, smem: int, maps: bytes, q, k, v, out, 
     # per row, in base 2; +inf where the row sees no key and on the padding, so P = 0 there
     lse2 = jnp.where(jnp.isneginf(lse), jnp.inf, lse.astype(jnp.float32) * LOG2E)
     lse2 = jnp.pad(lse2, ((0, 0), (0, 0), (0, pad)), constant_values=jnp.inf)
-    delta = jnp.einsum("bshd,bshd->bhs", dout.astype(jnp.float32), out.astype(jnp.float32))
-    delta = jnp.pad(delta, ((0, 0), (0, 0), (0, pad)))
+    delta = bwd_passes.delta(out, dout.astype(out.dtype))
     dt = jnp.dtype(q.dtype).name
     spec = launch.Launch(
         name=name,
@@ -194,8 +194,8 @@ def run_backward(name: str, image: bytes, smem: int, maps: bytes, q, k, v, out, 
     dk, dv, dq_acc, _sem, _slots = launch.run(
         spec, q, k.astype(q.dtype), v.astype(q.dtype), dout.astype(q.dtype), lse2, delta, templates,
         *rt_arrays)
-    dq = bwd_source.dq_from_acc(dq_acc, Sq, lse) * scale
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+    dq = bwd_passes.dq_rows(dq_acc, lse2, Sq, scale, q.dtype)
+    return dq, dk.astype(k.dtype), dv.astype(v.dtype)
 
 
 def attention_bwd(q, k, v, runtime, out, lse, dout, layout: ACSR, scale: float, soft_cap=None):

@@ -1,0 +1,142 @@
+"""The passes around the backward kernel (:mod:`jax_bindings._cuda.bwd_source`), as CUDA kernels.
+
+Before it, ``delta = rowsum(dout * out)`` per row, ``[B, H, Sq_pad]`` fp32 (0 on the padding);
+after it, ``dq`` in rows (``[B, Sq, H, D]``, the input's type, times ``scale``) from the kernel's
+``dq_acc`` (fp32, each query block in the consumers' fragment order, ``bwd_source``'s comment
+on it), 0 on the rows that see no key (``lse2 = +inf``), whatever ``dq_acc`` holds there.
+
+Both are bandwidth-bound (at S = 8192, 16 heads: 67 MB read for delta, 67 MB read and 34 MB
+written for dq), and XLA ran them at about half the H100's bandwidth (``benchmarks/NOTES.md``,
+session 21), which on short bands was a fifth of the backward. Here a half-warp takes a row of
+delta (16 B of ``out`` and of ``dout`` a lane), and a CTA a query block of dq, each lane writing
+16 B of a row from the 32 contiguous bytes the fragment order holds them in.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jax_bindings._cuda import bwd_source, compiler, launch, source
+
+THREADS = 256
+ROWS_PER_CTA = THREADS // 16  # delta: a half-warp a row
+
+# to fp32 from the element type (source.HELPERS has pack2, the other way)
+_CONVERT = r"""
+__device__ __forceinline__ float to_f32(uint16_t x) {
+  float f;
+  asm("cvt.f32.__ELEM__ %0, %1;" : "=f"(f) : "h"(x));
+  return f;
+}
+"""
+
+_DELTA = r"""
+constexpr int HD = __D__;
+// delta[b, h, s] = sum over the row's HD values of dout * out (fp32); 0 where s >= Sq. Rows are
+// taken in [B, Sq_pad, H] order, a half-warp each, 8 values a lane.
+extern "C" __global__ void __launch_bounds__(__THREADS__) __NAME__(
+    const uint16_t* __restrict__ out, const uint16_t* __restrict__ dout, int B, int Sq, int H, int sq_pad,
+    float* __restrict__ delta) {
+  const long long row = (long long)blockIdx.x * __ROWS__ + threadIdx.x / 16;
+  const int part = threadIdx.x % 16, h = row % H, s = (row / H) % sq_pad, b = row / H / sq_pad;
+  float acc = 0.f;
+  if (b < B && s < Sq) {
+    const size_t off = (((size_t)b * Sq + s) * H + h) * HD + part * 8;
+    const uint4 o = *reinterpret_cast<const uint4*>(out + off);
+    const uint4 d = *reinterpret_cast<const uint4*>(dout + off);
+    const uint32_t ow[4] = {o.x, o.y, o.z, o.w}, dw[4] = {d.x, d.y, d.z, d.w};
+#pragma unroll
+    for (int x = 0; x < 4; ++x) {
+      acc += to_f32(ow[x] & 0xffff) * to_f32(dw[x] & 0xffff);
+      acc += to_f32(ow[x] >> 16) * to_f32(dw[x] >> 16);
+    }
+  }
+#pragma unroll
+  for (int m = 8; m; m >>= 1) acc += __shfl_xor_sync(0xffffffff, acc, m);
+  if (part == 0 && b < B) delta[((size_t)b * H + h) * sq_pad + s] = acc;
+}
+"""
+
+_DQ_ROWS = r"""
+constexpr int BM = __BM__, HD = __D__;
+// dq rows of query block i of (b, h), one CTA each: row r, columns 8k .. 8k + 7 are 8 contiguous
+// floats of the block's fragment order (warpgroup k / 8, column group k % 8, row half (r / 8) % 2,
+// warp r / 16, lane / 4 = r % 8), written as 16 bytes; 0 on rows whose lse2 is +inf.
+extern "C" __global__ void __launch_bounds__(__THREADS__) __NAME__(
+    const float* __restrict__ dq_acc, const float* __restrict__ lse2, int Sq, int H, int nq, float scale,
+    uint16_t* __restrict__ dq) {
+  const int i = blockIdx.x % nq, h = (blockIdx.x / nq) % H, b = blockIdx.x / nq / H;
+  const float* block = dq_acc + (size_t)blockIdx.x * (BM * HD);
+#pragma unroll
+  for (int c = threadIdx.x; c < BM * HD / 8; c += __THREADS__) {
+    const int r = c / (HD / 8), k = c % (HD / 8), s = i * BM + r;
+    if (s >= Sq) continue;
+    uint4 y = make_uint4(0, 0, 0, 0);
+    if (lse2[((size_t)b * H + h) * nq * BM + s] != __int_as_float(0x7f800000)) {
+      const float4* p = reinterpret_cast<const float4*>(
+          block + (k / 8) * 4096 + (k % 8) * 512 + ((r / 8) % 2) * 256 + (r / 16) * 64 + (r % 8) * 8);
+      const float4 x0 = p[0], x1 = p[1];
+      y = make_uint4(pack2(x0.x * scale, x0.y * scale), pack2(x0.z * scale, x0.w * scale),
+                     pack2(x1.x * scale, x1.y * scale), pack2(x1.z * scale, x1.w * scale));
+    }
+    *reinterpret_cast<uint4*>(dq + (((size_t)b * Sq + s) * H + h) * HD + 8 * k) = y;
+  }
+}
+"""
+
+
+def _text(kernel: str, dtype: str) -> str:
+    subs = {"__ELEM__": source.ELEMENTS[dtype], "__D__": bwd_source.D, "__BM__": bwd_source.BM,
+            "__THREADS__": THREADS, "__ROWS__": ROWS_PER_CTA}
+    text = source.HELPERS + _CONVERT + kernel
+    for key, val in subs.items():
+        text = text.replace(key, str(val))
+    return text
+
+
+KERNELS = {"delta": _DELTA, "dq_rows": _DQ_ROWS}
+
+
+def pass_source(kernel: str, dtype: str) -> str:
+    """The CUDA C++ of ``kernel`` (:data:`KERNELS`) for arrays of ``dtype`` (``source.ELEMENTS``),
+    named ``__NAME__``."""
+    return _text(KERNELS[kernel], dtype)
+
+
+@functools.lru_cache(maxsize=8)
+def compiled(kernel: str, dtype: str) -> tuple[str, bytes]:
+    """``(kernel name, cubin)`` of ``kernel`` (:data:`KERNELS`) for ``dtype``."""
+    name, text = source.with_unique_name(pass_source(kernel, dtype), "__NAME__", f"splat_bwd_{kernel}")
+    return name, compiler.cubin(text)
+
+
+def delta(out: jax.Array, dout: jax.Array) -> jax.Array:
+    """``rowsum(dout * out)`` of ``[B, Sq, H, D]`` arrays as ``[B, H, Sq_pad]`` fp32 (``Sq_pad``:
+    ``Sq`` in query blocks of ``bwd_source.BM``; 0 on the padding)."""
+    B, Sq, H, D = out.shape
+    sq_pad = bwd_source.num_q_blocks(Sq) * bwd_source.BM
+    name, image = compiled("delta", jnp.dtype(out.dtype).name)
+    spec = launch.Launch(
+        name=name, image=image, grid=(-(-B * sq_pad * H // ROWS_PER_CTA), 1, 1), threads=THREADS, smem=0,
+        scalars=(("i32", B), ("i32", Sq), ("i32", H), ("i32", sq_pad)),
+        outs=(((B, H, sq_pad), "float32"),), cc=90)
+    (result,) = launch.run(spec, out, dout.astype(out.dtype))
+    return result
+
+
+def dq_rows(dq_acc: jax.Array, lse2: jax.Array, sq: int, scale: float, dtype) -> jax.Array:
+    """``dq [B, Sq, H, D]`` of ``dtype`` from the backward kernel's ``dq_acc`` (``[B, H, nq, BM *
+    D]``, ``bwd_source.dq_acc_shape``) times ``scale``, 0 where ``lse2`` (``[B, H, nq * BM]``, as
+    the kernel took it) is +inf."""
+    B, H, nq, _ = dq_acc.shape
+    dt = jnp.dtype(dtype).name
+    name, image = compiled("dq_rows", dt)
+    spec = launch.Launch(
+        name=name, image=image, grid=(B * H * nq, 1, 1), threads=THREADS, smem=0,
+        scalars=(("i32", sq), ("i32", H), ("i32", nq), ("fp32", float(scale))),
+        outs=(((B, sq, H, bwd_source.D), dt),), cc=90)
+    (result,) = launch.run(spec, dq_acc, lse2)
+    return result
