@@ -287,7 +287,7 @@ BWD_VARIANTS = [  # (left, right, bwd_source kwargs): the bands of tests/cuda_ca
 @pytest.mark.parametrize("variant", BWD_VARIANTS, ids=_variant_id)
 def test_backward_variant_compiles_for_sm90a(cuda_compiler, variant):
     """The producer warpgroup (ticket, loads, the dQ writers) runs on 24 registers a thread
-    (``setmaxnreg``), so ptxas spills some of its item state: 92-140 bytes for these variants,
+    (``setmaxnreg``), so ptxas spills some of its item state: 68-148 bytes for these variants,
     outside the consumers' step loop (session 10 found almost all of it in the producer
     warpgroup). Bounded here."""
     left, right, kwargs = variant
