@@ -22,16 +22,11 @@ from cuda_spike_cases import SCALE, D, H  # beside this script
 
 from jax_bindings._cuda import backend as cb
 from jax_bindings._cuda import phases, plan
-from splat import masks
+from splat import catalogue, masks
 from splat.tools import timing
 
-MASKS = {
-    "causal_window_1024": masks.sliding_window(1023, 0),
-    "sliding_window_256": masks.sliding_window(256, 256),
-    "dilated_window_512_2": masks.dilated_window(512, 2),
-    "block_local_512_1": masks.block_local(512, 1),
-    "causal": masks.causal(),
-}
+MASKS = {name: catalogue.named(name)
+         for name in ("causal_window", "sliding_window", "dilated_window", "block_local", "causal")}
 
 
 def ms(fn, *args):
