@@ -107,10 +107,9 @@ def launch_bwd(variant, q, k, v, out, lse, do, scale, rt_arrays=()):
     fn = _kernel(variant)
     B, Sq, H, D = q.shape
     nq = bwd_source.num_q_blocks(Sq)
-    pad = nq * bwd_source.BM - Sq
-    lse2 = np.where(np.isneginf(lse), np.inf, lse * math.log2(math.e)).astype(np.float32)
-    lse2 = np.pad(lse2, ((0, 0), (0, 0), (0, pad)), constant_values=np.inf)
     sq_pad = nq * bwd_source.BM
+    lse2 = np.where(np.isneginf(lse), np.inf, lse * math.log2(math.e)).astype(np.float32)
+    lse2 = np.pad(lse2, ((0, 0), (0, 0), (0, sq_pad - Sq)), constant_values=np.inf)
     delta = cp.full((B, H, sq_pad), np.nan, dtype=np.float32)  # the pass writes every element
     _loaded(*bwd_passes.compiled("delta", variant.dtype))(
         (-(-B * sq_pad * H // bwd_passes.ROWS_PER_CTA),), (bwd_passes.THREADS,),

@@ -2,12 +2,14 @@
 """How much of the cuda backward's time is XLA's work around the kernel (one H100/H200).
 
 Per mask and length (bf16, B=1, H=16, D=128): the backend's whole backward (``attention_bwd``:
-delta, ``lse2``, the kernel), and delta (``rowsum(dout * out)``) alone on arrays of the same
-shapes, as an einsum (the backend's) and as a sum over the last axis; for a band in phases also
+delta, ``lse2``, the kernel, dq's rows), and XLA's delta (``rowsum(dout * out)``) alone on arrays
+of the same shapes, as an einsum (the backend's until ``bwd_passes``) and as a sum over the last
+axis; for a band in phases also
 the band it folds to, called on the folded arrays directly. Each timed as 10 calls chained in
 one jitted program, each call's input taking a scalar of the last call's output. Prints a
-table; ``--out`` writes the JSON. (Until the kernel wrote dq's rows itself, the backward also
-reordered ``dq_acc`` in XLA: ``spike-bwd-xla-side-before-*.json`` timed that too.)
+table; ``--out`` writes the JSON. (Before ``bwd_passes``, the backward reordered ``dq_acc`` in
+XLA: ``spike-bwd-xla-side-before-*.json`` timed that too. These chained standalone timings
+overstated XLA's passes about 1.7x against Nsight Compute's in the program: NOTES, session 21.)
 """
 
 from __future__ import annotations

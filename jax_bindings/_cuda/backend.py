@@ -175,7 +175,7 @@ def run_backward(name: str, image: bytes, smem: int, maps: bytes, q, k, v, out, 
     # per row, in base 2; +inf where the row sees no key and on the padding, so P = 0 there
     lse2 = jnp.where(jnp.isneginf(lse), jnp.inf, lse.astype(jnp.float32) * LOG2E)
     lse2 = jnp.pad(lse2, ((0, 0), (0, 0), (0, pad)), constant_values=jnp.inf)
-    delta = bwd_passes.delta(out, dout.astype(out.dtype))
+    delta = bwd_passes.delta(out.astype(q.dtype), dout)
     dt = jnp.dtype(q.dtype).name
     spec = launch.Launch(
         name=name,

@@ -22,13 +22,13 @@ tensor maps are published once per CTA. In a CTA:
   copies) into a ring of ``stages`` buffers; warps 9 and 10 write dQ (below);
 * dQ is a sum over key blocks, so CTAs add their part to an fp32 buffer in global memory: the
   consumers leave each step's dQ in one of two shared-memory buffers, in the order their
-  fragments hold it (:func:`dq_from_acc` puts it back in rows), and a dQ writer per buffer (a
+  fragments hold it (``bwd_passes.dq_rows`` puts it back in rows), and a dQ writer per buffer (a
   lane of warps 9 and 10) adds the block's 32 KiB with one bulk reduction while they go on. With
   ``ordered`` (the default) the additions to one query block come in a fixed order, the key
   order, each waiting on a per-block counter for its turn: the result is
   bit-identical from run to run. The first key block in that order stores its part instead of
   adding it, so ``dq_acc`` needs no zeroing before the launch (query blocks that no key block
-  reaches are never written: :func:`dq_from_acc` zeroes rows that see no key). A writer passes the
+  reaches are never written: ``bwd_passes.dq_rows`` zeroes rows that see no key). A writer passes the
   turn on once its addition is complete; with two writers, one step's addition completes while the
   next one's waits for its turn. An item waits only on items with a smaller ticket, each taken by
   a CTA already running, so the waits cannot deadlock. ``ordered=False`` adds in any order (not
@@ -54,7 +54,7 @@ its block's first row (``band_block``); a key block's walk is the rows whose ``a
 (the forward's lse times log2(e); ``+inf`` on a row with no key and on the padding to
 ``Sq_pad``, a multiple of 64), ``delta [B, H, Sq_pad]`` (rowsum(dout * out), 0 on the padding).
 Outputs ``dk``, ``dv`` like k, v (dk times ``scale``), ``dq_acc`` fp32 (:func:`dq_acc_shape`; dQ
-without the scale once :func:`dq_from_acc` reorders it; zeroed before the launch when not
+without the scale once ``bwd_passes.dq_rows`` reorders it; zeroed before the launch when not
 ``ordered``), ``sem`` (int32, zeroed before the launch: a ticket counter, then a turn counter per
 (batch, head, query block)), and the CTAs' tensor-map slots. Parameters, in jaxlib's order:
 ``q, k, v, dout, lse2, delta, tmap_templates, [runtime arrays,] Sq, Skv, H, Hkv, B, scale_log2,
@@ -109,7 +109,9 @@ def dq_acc_shape(b: int, h: int, sq: int) -> tuple[int, int, int, int]:
 def dq_from_acc(acc, sq: int, lse=None):
     """``dq_acc`` (NumPy or JAX array, :func:`dq_acc_shape`) as ``[B, Sq, H, D]``; with ``lse``
     (the forward's, ``[B, H, Sq]``), 0 on the rows that see no key (``lse = -inf``), whatever
-    ``dq_acc`` holds there: the ordered kernel never writes a query block no key block reaches."""
+    ``dq_acc`` holds there: the ordered kernel never writes a query block no key block reaches.
+    What ``bwd_passes.dq_rows`` does on the GPU (before the scale), written with array operations:
+    the tests' reference for it and for the fragment order."""
     b, h, nq, _ = acc.shape
     blocks = acc.reshape(b, h, nq, *_FRAGMENT_AXES)
     # to (B, nq, wq, rh, l4, H, w, cg, l2, pair)
