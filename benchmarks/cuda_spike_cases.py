@@ -1,11 +1,12 @@
 """The sizes and masks the cuda-backend spikes time (issue 10's four: dense, causal, causal window
-1024, sliding window (256, 256)) and their timer; imported by the scripts beside this one."""
+1024, sliding window (256, 256); and the catalogue's block-local, a band measured from each
+block's first row) and their timer; imported by the scripts beside this one."""
 
 import contextlib
 import importlib.util
 
 from jax_bindings._cuda import source
-from splat import masks
+from splat import catalogue, masks
 from splat.tools import timing
 
 D, H = 128, 16  # head dim, heads
@@ -15,6 +16,7 @@ MASKS = {
     "causal": masks.causal(),
     "causal_window_1024": masks.sliding_window(1023, 0),
     "sliding_window_256": masks.sliding_window(256, 256),
+    "block_local": catalogue.named("block_local"),
 }
 
 

@@ -144,8 +144,8 @@ def main(argv=None) -> int:
             }
             if "triton" in bwds:
                 fb["cuda_fwd_triton_bwd"] = _fwd_bwd(_cuda_fwd_then(layout, bwds["triton"]))
-            if fa3 is not None:
-                kw = peers.flash_attn3_arguments(layout)
+            kw = peers.flash_attn3_arguments(layout)
+            if fa3 is not None and kw is not None:
                 fb["fa3"] = _fwd_bwd(lambda q, k, v, kw=kw: fa3(q, k, v, softmax_scale=SCALE, **kw))
             for n, f in fb.items():
                 ms = chained_ms(f, (q, k, v, do), {0: 0, 3: 1})
