@@ -134,11 +134,10 @@ def block_height(rows: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> int:
 def _block_band(seg: Segment, q_len: int, kv_len: int) -> BandForm | None:
     """A stride-1 segment as a band measured from blocks of rows (:func:`block_height`, 2 or
     more), or None."""
-    lo, count = seg.base.astype(np.int64), seg.count.astype(np.int64)
-    block = block_height(np.arange(q_len), lo, lo + count)
+    lo, count, r = seg.base.astype(np.int64), seg.count.astype(np.int64), np.arange(q_len)
+    block = block_height(r, lo, lo + count)
     if block < 2:
         return None
-    r = np.arange(q_len)
     found = _band_of_rows(lo, count, r - r % block, kv_len)
     return None if found is None else BandForm(found, block=block)
 

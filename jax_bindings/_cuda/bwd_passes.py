@@ -90,22 +90,18 @@ extern "C" __global__ void __launch_bounds__(__THREADS__) __NAME__(
 """
 
 
-def _text(kernel: str, dtype: str) -> str:
-    subs = {"__ELEM__": source.ELEMENTS[dtype], "__D__": bwd_source.D, "__BM__": bwd_source.BM,
-            "__THREADS__": THREADS, "__ROWS__": ROWS_PER_CTA}
-    text = source.HELPERS + _CONVERT + kernel
-    for key, val in subs.items():
-        text = text.replace(key, str(val))
-    return text
-
-
 KERNELS = {"delta": _DELTA, "dq_rows": _DQ_ROWS}
 
 
 def pass_source(kernel: str, dtype: str) -> str:
     """The CUDA C++ of ``kernel`` (:data:`KERNELS`) for arrays of ``dtype`` (``source.ELEMENTS``),
     named ``__NAME__``."""
-    return _text(KERNELS[kernel], dtype)
+    subs = {"__ELEM__": source.ELEMENTS[dtype], "__D__": bwd_source.D, "__BM__": bwd_source.BM,
+            "__THREADS__": THREADS, "__ROWS__": ROWS_PER_CTA}
+    text = source.HELPERS + _CONVERT + KERNELS[kernel]
+    for key, val in subs.items():
+        text = text.replace(key, str(val))
+    return text
 
 
 @functools.lru_cache(maxsize=8)

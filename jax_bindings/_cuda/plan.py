@@ -132,9 +132,11 @@ def _check_call(head_dim: int, dtype: str) -> None:
         raise NotImplementedError(f"the cuda kernels take dtypes {DTYPES}, got {dtype}")
 
 
+@functools.lru_cache(maxsize=256)
 def band_form(layout: ACSR, head_dim: int, dtype: str, runtime: str = "") -> acsr.BandForm:
     """The layout's band form (:func:`acsr.band_form`), or NotImplementedError saying why no
-    kernel is generated for the call. A band in ``d > 1`` phases runs as a band over ``S / d`` rows
+    kernel is generated for the call (cached: the backend reads a call's phases and its variant
+    from the same form). A band in ``d > 1`` phases runs as a band over ``S / d`` rows
     and ``d`` times the heads (the backend folds the arrays, :mod:`jax_bindings._cuda.phases`). A
     runtime mask is taken on plain bands only (on the other forms the kernels were not tested
     with one)."""
