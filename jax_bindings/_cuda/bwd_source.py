@@ -474,7 +474,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     // P^T: rows are keys key0 (+8), columns queries m0 + c
     // the thread's keys key0, key0 + 8 inside Skv, and key0 - its first query column
     const bool in_kv[2] = {key0 < w.kv_end, key0 + 8 < w.kv_end};
-    const int d0 = key0 - m0 - 2 * (lane % 4);
+    const int d0 = key0 - m0 - 2 * (lane % 4), a0 = anchor_of<BAND_BLOCK>(m0);
     const int* q_id_s = reinterpret_cast<const int*>(tmap_stage) + s * BM;  // the step's query ids
     bool edge = n0 + 64 * wg + 63 >= w.kv_end;
     if (LEFT < __UNBOUNDED__) edge |= n0 + 64 * wg < anchor_of<BAND_BLOCK>(m0 + BM - 1) - LEFT;
@@ -514,9 +514,12 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
       float x = fast_exp2(st[e] * scale_log2 - lse_s[c]);
       if (edge) {
         // key - row as the thread's d0 plus a constant: two compares with immediates (key - the
-        // row's anchor where the band is measured from blocks of rows)
-        const int d = BAND_BLOCK == 1 ? d0 + 8 * ((e / 2) % 2) - (e / 4) * 8 - (e % 2)
-                                      : key0 + 8 * ((e / 2) % 2) - anchor_of<BAND_BLOCK>(m0 + c);
+        // row's anchor where the band is measured from blocks of rows: the step's one anchor a0
+        // where the blocks are whole query blocks, else each row's, which ptxas compiles to a
+        // branch an element)
+        const int d = BAND_BLOCK == 1           ? d0 + 8 * ((e / 2) % 2) - (e / 4) * 8 - (e % 2)
+                      : BAND_BLOCK % BM == 0 ? key0 - a0 + 8 * ((e / 2) % 2)
+                                             : key0 + 8 * ((e / 2) % 2) - anchor_of<BAND_BLOCK>(m0 + c);
         bool ok = (e / 2) % 2 ? in_kv[1] : in_kv[0];
         if (LEFT < __UNBOUNDED__) ok &= d >= -LEFT;
         if (RIGHT < __UNBOUNDED__) ok &= d <= RIGHT;
