@@ -24,7 +24,7 @@
 #   cuda         the cuda backend's tests alone (compile checks + gpu suite), log in $OUT/gpu_cuda.log
 #   sanitize-cuda  every cuda-backend variant of its gpu tests under compute-sanitizer memcheck
 #                (benchmarks/sanitize_cuda.py: CuPy launches, no XLA; SANITIZE_CUDA_ARGS=grid: the
-#                grid forward's alone), log in $OUT/sanitizer-cuda.log
+#                grid forward's alone; =NAME ...: those band cases alone), log in $OUT/sanitizer-cuda.log
 #   cudabench:L1,L2  splat bench --backend cuda --mode fwd ($CUDA_MODE: both) on the one-band masks vs splat's Triton, cuDNN,
 #                FA3, FlexAttention ($CUDA_PEERS overrides) -> $OUT/bench-cuda-L1-L2.json and .png
 #   coldstart    benchmarks/compile_time.py on sliding_window(256, 256) (auto: cuda forward, triton

@@ -15,9 +15,11 @@ masked rows must give 0 and ``-inf``, and zero gradients. Then the runtime-mask 
 key order), their arrays built by ``jax_bindings._cuda.runtime_tables`` with JAX on the CPU; and
 the grid forward (N-D neighborhoods) on ``tests/cuda_cases.GRID_CASES``.
 
-    compute-sanitizer --tool memcheck --error-exitcode 9 python3 benchmarks/sanitize_cuda.py [grid]
+    compute-sanitizer --tool memcheck --error-exitcode 9 python3 benchmarks/sanitize_cuda.py [grid | NAME ...]
 
-(``grid``: the grid forward's cases alone.)
+(``grid``: the grid forward's cases alone; band case names (``tests/cuda_cases.CASES``, e.g.
+``block_local block_local_96``): those cases alone, forward and backward, without the runtime and
+grid cases, for a change that touches only their kernels.)
 """
 
 from __future__ import annotations
@@ -163,13 +165,18 @@ def launch(variant, q, k, v, scale, ctas=None, rt_arrays=()):
 
 
 def main() -> int:
-    if sys.argv[1:] == ["grid"]:
+    args = sys.argv[1:]
+    if args == ["grid"]:
         launched = run_grid_cases()
         print(f"{launched} launches of {launched} cuda kernel variants")
         return 0
+    unknown = set(args) - {c.name for c in CASES}
+    if unknown:
+        raise SystemExit(f"unknown band cases {sorted(unknown)}: 'grid' or names of cuda_cases.CASES")
+    cases = [c for c in CASES if c.name in args] if args else CASES
     launched = 0
     for dtype, (schedule, ctas, section, q_stages, o_store) in itertools.product(NP, LAUNCHES):
-        for case in CASES:
+        for case in cases:
             name, sq, skv, h, hk = case.name, case.q_len, case.kv_len, case.heads, case.kv_heads
             layout = case.layout()
             variant = plan.rescheduled(plan.fwd_variant(layout, 128, dtype), schedule,
@@ -208,8 +215,9 @@ def main() -> int:
                     assert max(errs) < 3e-2, f"{name} {dtype} ordered={ordered}: gradients differ by {errs}"
                     assert np.all(got[0][:, empty] == 0), f"{name}: a row with no key must get dq 0"
                     print(f"{name:22s} {dtype:9s} bwd ordered={ordered:16s} ok (rel. {max(errs):.1e})")
-    launched += run_runtime_cases()
-    launched += run_grid_cases()
+    if not args:
+        launched += run_runtime_cases()
+        launched += run_grid_cases()
     print(f"{launched} launches of {launched} cuda kernel variants")
     return 0
 

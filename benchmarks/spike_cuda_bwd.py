@@ -5,14 +5,16 @@ One process, one H100/H200, bf16, B=1, H=16, D=128: for each one-band mask and S
 * the backward alone (given ``out`` and ``lse`` of the cuda forward): the cuda kernel with dQ added
   in a fixed order (the default: bit-identical reruns) and in arrival order, and the Triton
   backend's backward; with ``--baseline FILE``, the route ``base``: the ordered cuda kernel as
-  another revision's ``bwd_source.py`` writes it;
+  another revision's ``bwd_source.py`` writes it (launched with ``dq_acc`` zeroed, as the
+  unordered kernel is, unless ``--baseline-ordered`` says that revision stores each query
+  block's first part, as every revision from ee68b78 on does);
 * forward+backward (one ``jax.vjp``): cuda forward + cuda backward, cuda forward + Triton
   backward, and FA3's ``flash_mha``;
 each as 10 calls chained in one jitted program (the gradient fed back as the next call's
 cotangent). Gradients of every route are checked against the ordered cuda one.
 
     python3 benchmarks/spike_cuda_bwd.py [--lengths 8192 16384] [--bwd-routes base triton]
-        [--baseline /tmp/base_bwd_source.py] [--out PATH]
+        [--baseline /tmp/base_bwd_source.py [--baseline-ordered]] [--out PATH]
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from jax_bindings._triton import backend as tb
 from splat.tools import peers
 
 
-def _bwd_cuda(layout, ordered: bool = True, generator=None, section_bytes=None, key_order=None):
+def _bwd_cuda(layout, ordered: bool = True, generator=None, section_bytes=None, key_order=None,
+              generator_ordered: bool = False):
     variant = dataclasses.replace(plan.bwd_variant(layout, D, "bfloat16"), ordered=ordered)
     if section_bytes is not None:
         variant = dataclasses.replace(variant, section_bytes=section_bytes)
@@ -49,9 +52,10 @@ def _bwd_cuda(layout, ordered: bool = True, generator=None, section_bytes=None, 
 
     def fn(do, q, k, v, out, lse):
         maps = plan.bwd_tensor_maps(q.shape, k.shape)
-        # a baseline kernel may add every part (zeroed dq_acc): launched as the unordered one is
+        # a baseline kernel may add every part (zeroed dq_acc): launched as the unordered one is,
+        # unless it is known to store the first part
         return cb.run_backward(name, image, variant.smem, maps, q, k, v, out, lse, do, SCALE,
-                               ordered=variant.ordered and generator is None)
+                               ordered=variant.ordered and (generator is None or generator_ordered))
 
     return fn
 
@@ -63,11 +67,11 @@ def _bwd_triton(layout):
     return fn
 
 
-def _bwd_route(name: str, layout, generator=None):
+def _bwd_route(name: str, layout, generator=None, generator_ordered: bool = False):
     if name == "triton":
         return _bwd_triton(layout)
     if name == "base":
-        return _bwd_cuda(layout, generator=generator)
+        return _bwd_cuda(layout, generator=generator, generator_ordered=generator_ordered)
     if name.startswith("cuda@"):  # ordered, in sections of as many heads as N MiB of Q and dO hold
         return _bwd_cuda(layout, section_bytes=int(float(name.removeprefix("cuda@")) * 2**20))
     if name in bwd_source.KEY_ORDERS:  # ordered, in that key order
@@ -111,6 +115,9 @@ def main(argv=None) -> int:
                         "dO fit N MiB), a key order of bwd_source.KEY_ORDERS (ordered, in it), triton, "
                         "base (--baseline's kernel)")
     p.add_argument("--baseline", default=None, help="another revision's jax_bindings/_cuda/bwd_source.py")
+    p.add_argument("--baseline-ordered", action="store_true",
+                   help="the baseline stores each query block's first part of dQ (revisions from ee68b78 "
+                        "on): launch it ordered, dq_acc not zeroed, as the current kernel")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     try:
@@ -130,7 +137,7 @@ def main(argv=None) -> int:
             out, lse = jax.jit(lambda q, k, v, layout=layout: cb.attention_fwd(q, k, v, None, layout, SCALE))(
                 q, k, v)
             row = {"mask": mname, "S": S}
-            bwds = {n: _bwd_route(n, layout, generator) for n in ("cuda", *a.bwd_routes)}
+            bwds = {n: _bwd_route(n, layout, generator, a.baseline_ordered) for n in ("cuda", *a.bwd_routes)}
             grads = {n: [np.asarray(g, np.float32) for g in jax.jit(f)(do, q, k, v, out, lse)]
                      for n, f in bwds.items()}
             for n, g in grads.items():
