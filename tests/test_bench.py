@@ -774,3 +774,38 @@ def test_splat_rows_record_the_backend_that_ran(monkeypatch):
 def test_backend_must_be_registered():
     with pytest.raises(ValueError, match="backend must be one of"):
         bench.BenchConfig(backend="tpu-magic")
+
+
+# --- benchmarks/ncu_stalls.py ------------------------------------------------------------------------
+
+
+def test_ncu_stalls_splits_the_consumers_step_by_reason(tmp_path):
+    """A source page in ncu's CSV form: the consumer code between the two USETMAXREGs, its per-step
+    instructions (8 warps x steps executions) by stall reason, scaled to microseconds a step."""
+    mod = _load_script("ncu_stalls")
+    steps, kernel_us = 264, 40.0  # 2 steps a CTA on 132 SMs
+    head = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed",
+            "stall_long_sb", "stall_no_inst", "stall_long_sb (Not Issued)"]
+    rows = [  # (source, samples, executed, long_sb, no_inst)
+        ("USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xf0", 0, 1056, 0, 0),
+        ("SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR9], R3", 10, 8 * 16, 10, 0),  # once an item
+        ("HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], RZ", 30, 8 * steps, 20, 10),
+        ("@!P1 BRA 0x10", 10, 8 * steps, 10, 0),
+        ("USETMAXREG.DEALLOC.CTAPOOL 0x18", 0, 528, 0, 0),
+        ("BRA 0x20", 50, 1000, 50, 0),  # the producer's: not the consumers'
+    ]
+    lines = ['"Kernel Name","splat_bwd_0123456789abcdef0123",', ",".join(f'"{h}"' for h in head)]
+    for i, (src, smp, ex, lsb, ni) in enumerate(rows):
+        lines.append(",".join(f'"{x}"' for x in (hex(16 * i), src, smp, ex, lsb, ni, 0)))
+    path = tmp_path / "sass.csv"
+    path.write_text("\n".join(lines) + "\n")
+    got = mod.summary(str(path), steps, kernel_us)
+    us_a_sample = kernel_us / (steps / 132) / 50  # 50 consumer samples
+    want = {"long_sb": round(30 * us_a_sample, 4), "no_inst": round(10 * us_a_sample, 4)}
+    assert got["us_per_step"] == want
+    assert got["us_per_step_total"] == round(40 * us_a_sample, 4)
+    assert got["item_share"] == 0.2 and got["branches"] == 1 and got["no_inst_samples_in_steps"] == 10
+    out = tmp_path / "stalls.json"
+    mod.main([f"k={path}:{steps}:{kernel_us}", "--device", "H", "--out", str(out)])
+    written = json.loads(out.read_text())
+    assert written["kernels"]["k"] == got and written["device"] == "H"
