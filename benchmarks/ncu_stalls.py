@@ -13,8 +13,9 @@ producer's and the dQ writers' follow). Per mask this prints and writes:
 
 * ``us_per_step``: the samples of the consumers' per-step instructions (executed once a step by
   each of the 8 consumer warps) by stall reason, as a share of the consumer code's samples times
-  the kernel's time (``--us``, e.g. ``gpu__time_duration``), per step of a CTA (``steps / 132``):
-  a consumer warp's time in a step, split by what it waited on;
+  the kernel's time (``KERNEL_US`` in the arguments, e.g. ncu's ``gpu__time_duration``), per
+  step of a CTA (``steps / --sms``, one CTA an SM): a consumer warp's time in a step, split by
+  what it waited on;
 * ``branches``: the branch instructions in the consumer code, and ``no_inst`` samples in the step
   loop (instruction-cache misses);
 * ``item_share``: the consumer samples outside the per-step code (item boundaries, tickets).
@@ -33,7 +34,6 @@ import re
 import sys
 
 CONSUMER_WARPS = 8
-SMS = 132
 
 
 def _num(x: str) -> float:
@@ -51,7 +51,7 @@ def _rows(path: str) -> list[dict[str, str]]:
     return [dict(zip(header, r, strict=True)) for r in table[1:] if len(r) == len(header)]
 
 
-def summary(path: str, steps: int, kernel_us: float) -> dict:
+def summary(path: str, steps: int, kernel_us: float, sms: int = 132) -> dict:
     """The consumer warps' per-step stall split of one kernel's source-page CSV (module docstring)."""
     rows = _rows(path)
     reasons = [h for h in rows[0] if h.startswith("stall_") and "(Not" not in h]
@@ -65,7 +65,7 @@ def summary(path: str, steps: int, kernel_us: float) -> dict:
         for h in reasons:
             by_reason[h.removeprefix("stall_")] += _num(r[h])
     step_samples = sum(by_reason.values())
-    us_per_sample_step = kernel_us / (steps / SMS) / samples
+    us_per_sample_step = kernel_us / (steps / sms) / samples
     return {
         "us_per_step": {k: round(v * us_per_sample_step, 4) for k, v in by_reason.most_common() if v},
         "us_per_step_total": round(step_samples * us_per_sample_step, 4),
@@ -80,6 +80,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("kernels", nargs="+",
                    help="NAME=CSV:STEPS:KERNEL_US (steps: a query block against a key block)")
+    p.add_argument("--sms", type=int, default=132, help="the GPU's SMs (132: H100 and H200 SXM)")
     p.add_argument("--device", default="", help="the GPU the CSVs were profiled on, for the JSON")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
@@ -87,7 +88,7 @@ def main(argv=None) -> int:
     for spec in a.kernels:
         name, rest = spec.split("=", 1)
         path, steps, us = rest.rsplit(":", 2)
-        doc[name] = summary(path, int(steps), float(us))
+        doc[name] = summary(path, int(steps), float(us), a.sms)
     names = list(doc)
     keys = sorted({k for d in doc.values() for k in d["us_per_step"]},
                   key=lambda k: -max(d["us_per_step"].get(k, 0) for d in doc.values()))
