@@ -138,11 +138,16 @@ def main(argv=None) -> int:
                 q, k, v)
             row = {"mask": mname, "S": S}
             bwds = {n: _bwd_route(n, layout, generator, a.baseline_ordered) for n in ("cuda", *a.bwd_routes)}
-            grads = {n: [np.asarray(g, np.float32) for g in jax.jit(f)(do, q, k, v, out, lse)]
-                     for n, f in bwds.items()}
+            # every route's gradients stay on the device until all have run: a route whose kernel
+            # left an output unwritten would otherwise get the buffer of one the route before
+            # filled, freed once copied out, and match it (session 24's probe did)
+            on_device = {n: jax.jit(f)(do, q, k, v, out, lse) for n, f in bwds.items()}
+            grads = {n: [np.asarray(g, np.float32) for g in gs] for n, gs in on_device.items()}
+            del on_device
             for n, g in grads.items():
                 pairs = zip(g, grads["cuda"], strict=True)
-                row[f"{n}_bwd_max_diff"] = max(float(np.abs(x - y).max()) for x, y in pairs)
+                # np.max, not max(): a NaN in any gradient is the row's difference
+                row[f"{n}_bwd_max_diff"] = float(np.max([np.abs(x - y).max() for x, y in pairs]))
             for n, f in bwds.items():
                 ms = chained_ms(f, (do, q, k, v, out, lse), {0: 0})
                 row[f"{n}_bwd_ms"], row[f"{n}_bwd_tflops"] = ms, 2.5 * fwd_flops / ms * 1e-9
