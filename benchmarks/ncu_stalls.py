@@ -12,7 +12,9 @@ The consumer warpgroups' code is the SASS between the two ``USETMAXREG`` instruc
 producer's and the dQ writers' follow). Per mask this prints and writes:
 
 * ``us_per_step``: the samples of the consumers' per-step instructions (executed once a step by
-  each of the 8 consumer warps) by stall reason, as a share of the consumer code's samples times
+  each of the 8 consumer warps, or on every step but a few) by stall reason, and as
+  ``unlisted`` the samples the page gives no reason column (all samples less the reasons': on
+  H100, 7-8% of the consumers'), as a share of the consumer code's samples times
   the kernel's time (``KERNEL_US`` in the arguments, e.g. ncu's ``gpu__time_duration``), per
   step of a CTA (``steps / --sms``, one CTA an SM): a consumer warp's time in a step, split by
   what it waited on;
@@ -64,7 +66,9 @@ def summary(path: str, steps: int, kernel_us: float, sms: int = 132) -> dict:
     for r in per_step:
         for h in reasons:
             by_reason[h.removeprefix("stall_")] += _num(r[h])
-    step_samples = sum(by_reason.values())
+    # shares of one column: the reasons' columns do not add up to all samples
+    step_samples = sum(_num(r["Warp Stall Sampling (All Samples)"]) for r in per_step)
+    by_reason["unlisted"] = step_samples - sum(by_reason.values())
     us_per_sample_step = kernel_us / (steps / sms) / samples
     return {
         "us_per_step": {k: round(v * us_per_sample_step, 4) for k, v in by_reason.most_common() if v},
