@@ -544,13 +544,17 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     }
 #pragma unroll
     for (int e = 0; e < 32; e += 2) ds[e / 2] = pack2(dpt[e], dpt[e + 1]);
-    // dS^T to shared memory: row = key (128 of them), 64 query columns = one 128-byte swizzled row
+    // dS^T to shared memory: row = key (128 of them), 64 query columns = one 128-byte swizzled row.
+    // A warp's dS^T is 8 x 8 blocks in the layout stmatrix takes (block (cg, x): its rows 8 x .. + 7,
+    // columns 8 cg .. + 7, in ds[2 cg + x]): four blocks an instruction, lane l giving the address
+    // of row l % 8 of block l / 8
 #pragma unroll
-    for (int e = 0; e < 32; e += 2) {
-      const int r = 64 * wg + 16 * (warp % 4) + lane / 4 + 8 * ((e / 2) % 2);
-      const int c = (e / 4) * 8 + 2 * (lane % 4);
-      const uint32_t addr = s_ds(buf) + r * 128 + ((((c >> 3) ^ (r & 7)) << 4) | ((c & 7) * 2));
-      asm volatile("st.shared.b32 [%0], %1;" :: "r"(addr), "r"(ds[e / 2]) : "memory");
+    for (int i = 0; i < 4; ++i) {
+      const int cg = 2 * i + lane / 16, r = 64 * wg + 16 * (warp % 4) + 8 * ((lane / 8) % 2) + lane % 8;
+      const uint32_t addr = s_ds(buf) + r * 128 + ((cg ^ (r & 7)) << 4);
+      asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};"
+                   :: "r"(addr), "r"(ds[4 * i]), "r"(ds[4 * i + 1]), "r"(ds[4 * i + 2]), "r"(ds[4 * i + 3])
+                   : "memory");
     }
     fence_async_smem_always();
     // dQ, then dK: dK runs under dQ's store to shared memory
