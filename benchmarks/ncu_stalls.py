@@ -36,6 +36,7 @@ import re
 import sys
 
 CONSUMER_WARPS = 8
+ALL_SAMPLES = "Warp Stall Sampling (All Samples)"  # the page's column of every sample, reason or not
 
 
 def _num(x: str) -> float:
@@ -60,14 +61,14 @@ def summary(path: str, steps: int, kernel_us: float, sms: int = 132) -> dict:
     lo = next(i for i, r in enumerate(rows) if "USETMAXREG.TRY_ALLOC" in r["Source"])
     hi = next(i for i, r in enumerate(rows) if "USETMAXREG.DEALLOC" in r["Source"])
     consumer = rows[lo:hi]
-    samples = sum(_num(r["Warp Stall Sampling (All Samples)"]) for r in consumer)
+    samples = sum(_num(r[ALL_SAMPLES]) for r in consumer)
     per_step = [r for r in consumer if _num(r["Instructions Executed"]) >= 0.9 * CONSUMER_WARPS * steps]
     by_reason = collections.Counter()
     for r in per_step:
         for h in reasons:
             by_reason[h.removeprefix("stall_")] += _num(r[h])
     # shares of one column: the reasons' columns do not add up to all samples
-    step_samples = sum(_num(r["Warp Stall Sampling (All Samples)"]) for r in per_step)
+    step_samples = sum(_num(r[ALL_SAMPLES]) for r in per_step)
     by_reason["unlisted"] = step_samples - sum(by_reason.values())
     us_per_sample_step = kernel_us / (steps / sms) / samples
     return {
