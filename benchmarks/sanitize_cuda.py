@@ -104,18 +104,17 @@ def _kernel(variant):
 
 def launch_bwd(variant, q, k, v, out, lse, do, scale, rt_arrays=()):
     """``(dq, dk, dv)`` of the backward kernel with the passes around it (``bwd_passes``: delta
-    before, dq's rows after), ``lse2`` prepared in NumPy as ``backend.run_backward`` prepares it;
-    ``rt_arrays``: the runtime mask's (``runtime_tables.bwd_arrays``)."""
+    and lse2 before, dq's rows after); ``rt_arrays``: the runtime mask's
+    (``runtime_tables.bwd_arrays``)."""
     fn = _kernel(variant)
     B, Sq, H, D = q.shape
     nq = bwd_source.num_q_blocks(Sq)
     sq_pad = nq * bwd_source.BM
-    lse2 = np.where(np.isneginf(lse), np.inf, lse * math.log2(math.e)).astype(np.float32)
-    lse2 = np.pad(lse2, ((0, 0), (0, 0), (0, sq_pad - Sq)), constant_values=np.inf)
-    delta = cp.full((B, H, sq_pad), np.nan, dtype=np.float32)  # the pass writes every element
+    delta, lse2 = (cp.full((B, H, sq_pad), np.nan, dtype=np.float32) for _ in range(2))  # the pass writes all
     _loaded(*bwd_passes.compiled("delta", variant.dtype))(
         (-(-B * sq_pad * H // bwd_passes.ROWS_PER_CTA),), (bwd_passes.THREADS,),
-        (cp.asarray(out), cp.asarray(do), np.int32(B), np.int32(Sq), np.int32(H), np.int32(sq_pad), delta))
+        (cp.asarray(out), cp.asarray(do), cp.asarray(lse, dtype=np.float32), np.int32(B), np.int32(Sq),
+         np.int32(H), np.int32(sq_pad), delta, lse2))
     grid = plan.bwd_grid(k.shape, cp.cuda.Device().attributes["MultiProcessorCount"])
     maps = cp.asarray(np.frombuffer(plan.bwd_tensor_maps(q.shape, k.shape), np.uint8))
     dk, dv = (cp.full(k.shape, np.nan, dtype=k.dtype) for _ in range(2))
@@ -124,7 +123,7 @@ def launch_bwd(variant, q, k, v, out, lse, do, scale, rt_arrays=()):
     dq_acc = cp.full(bwd_source.dq_acc_shape(B, H, Sq), np.nan if variant.ordered else 0, dtype=np.float32)
     sem = cp.zeros(bwd_source.sem_words(B, H, Sq), dtype=np.int32)
     slots = cp.zeros(grid[0] * grid[1] * grid[2] * bwd_source.SLOT_BYTES, dtype=np.uint8)
-    args = (*(cp.asarray(x) for x in (q, k, v, do, lse2)), delta, maps,
+    args = (*(cp.asarray(x) for x in (q, k, v, do)), lse2, delta, maps,
             *(cp.asarray(np.asarray(x)) for x in rt_arrays), np.int32(Sq), np.int32(k.shape[1]),
             np.int32(H), np.int32(k.shape[2]), np.int32(B), np.float32(scale * math.log2(math.e)),
             np.float32(scale), dk, dv, dq_acc, sem, slots)
@@ -132,7 +131,7 @@ def launch_bwd(variant, q, k, v, out, lse, do, scale, rt_arrays=()):
     dq = cp.full(q.shape, np.nan, dtype=q.dtype)
     _loaded(*bwd_passes.compiled("dq_rows", variant.dtype))(
         (B * H * nq,), (bwd_passes.THREADS,),
-        (dq_acc, cp.asarray(lse2), np.int32(Sq), np.int32(H), np.int32(nq), np.float32(scale), dq))
+        (dq_acc, lse2, np.int32(Sq), np.int32(H), np.int32(nq), np.float32(scale), dq))
     cp.cuda.runtime.deviceSynchronize()
     return tuple(cp.asnumpy(x).astype(np.float32) for x in (dq, dk, dv))
 

@@ -1,6 +1,7 @@
 """The passes around the CUDA backward (``jax_bindings._cuda.bwd_passes``) on a Hopper GPU: ``pytest -m gpu``.
 
-delta against XLA's ``rowsum(dout * out)`` in float32 (0 on the padding rows), and dq's rows
+delta against ``rowsum(dout * out)`` in float64 (0 on the padding rows) and lse2 against the
+float32 ``lse * log2(e)`` bit for bit (+inf where lse is -inf and on the padding), and dq's rows
 against ``bwd_source.dq_from_acc``, bit for bit, with rows that see no key zeroed over whatever
 the buffer holds (NaN), at lengths that are not query-block multiples, B = 2, 3 heads, both
 element types.
@@ -28,15 +29,20 @@ DTYPES = [jnp.bfloat16, jnp.float16]
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "f16"])
 @pytest.mark.parametrize("sq", [1, 100, 128, 333])
-def test_delta_is_the_rowsum_of_dout_times_out(sq, dtype):
-    k1, k2 = jax.random.split(jax.random.key(sq))
+def test_delta_is_the_rowsum_of_dout_times_out_and_lse2_the_lse_in_base_2(sq, dtype):
+    k1, k2, k3 = jax.random.split(jax.random.key(sq), 3)
     out, dout = (jax.random.normal(k, (B, sq, H, D), dtype) for k in (k1, k2))
-    got = np.asarray(jax.jit(bwd_passes.delta)(out, dout))
+    lse = np.asarray(jax.random.normal(k3, (B, H, sq), jnp.float32)) * 10
+    lse[1, 2, sq // 2] = -np.inf  # a row that sees no key
+    got, lse2 = (np.asarray(x) for x in jax.jit(bwd_passes.delta_lse2)(out, dout, lse))
     want = np.einsum("bshd,bshd->bhs", np.asarray(dout, np.float64), np.asarray(out, np.float64))
     pad = bwd_source.num_q_blocks(sq) * bwd_source.BM
-    assert got.shape == (B, H, pad) and got.dtype == np.float32
+    assert got.shape == lse2.shape == (B, H, pad) and got.dtype == lse2.dtype == np.float32
     np.testing.assert_allclose(got[..., :sq], want, rtol=1e-5, atol=1e-5)
     assert not got[..., sq:].any()
+    want2 = np.where(np.isneginf(lse), np.inf, lse * np.float32(np.log2(np.e)))
+    np.testing.assert_array_equal(lse2[..., :sq], want2)
+    assert np.all(lse2[..., sq:] == np.inf)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "f16"])

@@ -171,11 +171,8 @@ def run_backward(name: str, image: bytes, smem: int, maps: bytes, q, k, v, out, 
     Skv, Hkv = k.shape[1], k.shape[2]
     grid = plan.bwd_grid(k.shape, _sm_count())
     n_ctas = _ctas(grid, bwd_source.SLOT_BYTES)
-    pad = bwd_source.num_q_blocks(Sq) * bwd_source.BM - Sq
-    # per row, in base 2; +inf where the row sees no key and on the padding, so P = 0 there
-    lse2 = jnp.where(jnp.isneginf(lse), jnp.inf, lse.astype(jnp.float32) * LOG2E)
-    lse2 = jnp.pad(lse2, ((0, 0), (0, 0), (0, pad)), constant_values=jnp.inf)
-    delta = bwd_passes.delta(out.astype(q.dtype), dout)
+    # lse2: per row, in base 2; +inf where the row sees no key and on the padding, so P = 0 there
+    delta, lse2 = bwd_passes.delta_lse2(out.astype(q.dtype), dout, lse)
     dt = jnp.dtype(q.dtype).name
     spec = launch.Launch(
         name=name,

@@ -1,6 +1,8 @@
 """The passes around the backward kernel (:mod:`jax_bindings._cuda.bwd_source`), as CUDA kernels.
 
-Before it, ``delta = rowsum(dout * out)`` per row, ``[B, H, Sq_pad]`` fp32 (0 on the padding);
+Before it, per row, ``delta = rowsum(dout * out)`` and ``lse2``, the forward's ``lse`` in base 2,
+both ``[B, H, Sq_pad]`` fp32 (delta 0 and lse2 +inf on the padding; lse2 +inf where lse is -inf,
+the rows that see no key);
 after it, ``dq`` in rows (``[B, Sq, H, D]``, the input's type, times ``scale``) from the kernel's
 ``dq_acc`` (fp32, each query block in the consumers' fragment order: ``bwd_source``'s comment on
 ``_FRAGMENT_AXES``; ``bwd_source.dq_from_acc`` is the same in NumPy or JAX, the tests'
@@ -9,22 +11,29 @@ reference), 0 on the rows that see no key (``lse2 = +inf``), whatever ``dq_acc``
 Both are bandwidth-bound (at S = 8192, 16 heads: 67 MB read for delta, 67 MB read and 34 MB
 written for dq). Here a half-warp takes a row of delta (16 B of ``out`` and of ``dout`` a
 lane), and a CTA a query block of dq, each lane writing 16 B of a row from the 32 contiguous
-bytes the fragment order holds them in. On H100 at S = 8192 they take 24.6 + 33.2 us where
+bytes the fragment order holds them in. On H100 at S = 8192 they took 24.6 + 33.2 us where
 XLA's fusions took 25.9 + 39.9 (``benchmarks/NOTES.md``, session 21), and delta no longer
-depends on the layouts XLA picks for an einsum on the folded arrays of a band in phases.
+depends on the layouts XLA picks for an einsum on the folded arrays of a band in phases. lse2
+comes with delta (it was one more XLA fusion and launch), and dq's CTAs take the last (batch,
+head)s first, whose sums the kernel finished last: in block-local's chained forward+backward at
+S = 8192, 26.3 + 37.2 us where they took 24.7 + 39.2 and the fusion 1.9 (session 25).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jax_bindings._cuda import bwd_source, compiler, launch, source
 
 THREADS = 256
 ROWS_PER_CTA = THREADS // 16  # delta: a half-warp a row
+# log2(e) as the float32 XLA multiplied lse by (lse2 bit for bit as before this pass made it)
+LOG2E_F32 = repr(float(np.float32(math.log2(math.e))))
 
 # to fp32 from the element type (source.HELPERS has pack2, the other way)
 _CONVERT = r"""
@@ -37,11 +46,12 @@ __device__ __forceinline__ float to_f32(uint16_t x) {
 
 _DELTA = r"""
 constexpr int HD = __D__;
-// delta[b, h, s] = sum over the row's HD values of dout * out (fp32); 0 where s >= Sq. Rows are
-// taken in [B, Sq_pad, H] order, a half-warp each, 8 values a lane.
+// delta[b, h, s] = sum over the row's HD values of dout * out (fp32), 0 where s >= Sq; lse2[b, h, s]
+// = lse[b, h, s] log2(e), +inf where lse is -inf or s >= Sq. Rows are taken in [B, Sq_pad, H]
+// order, a half-warp each, 8 values a lane.
 extern "C" __global__ void __launch_bounds__(__THREADS__) __NAME__(
-    const uint16_t* __restrict__ out, const uint16_t* __restrict__ dout, int B, int Sq, int H, int sq_pad,
-    float* __restrict__ delta) {
+    const uint16_t* __restrict__ out, const uint16_t* __restrict__ dout, const float* __restrict__ lse, int B,
+    int Sq, int H, int sq_pad, float* __restrict__ delta, float* __restrict__ lse2) {
   const long long row = (long long)blockIdx.x * __ROWS__ + threadIdx.x / 16;
   const int part = threadIdx.x % 16, h = row % H, s = (row / H) % sq_pad, b = row / H / sq_pad;
   float acc = 0.f;
@@ -58,7 +68,12 @@ extern "C" __global__ void __launch_bounds__(__THREADS__) __NAME__(
   }
 #pragma unroll
   for (int m = 8; m; m >>= 1) acc += __shfl_xor_sync(0xffffffff, acc, m);
-  if (part == 0 && b < B) delta[((size_t)b * H + h) * sq_pad + s] = acc;
+  if (part == 0 && b < B) {
+    const float l = s < Sq ? lse[((size_t)b * H + h) * Sq + s] : -__int_as_float(0x7f800000);
+    delta[((size_t)b * H + h) * sq_pad + s] = acc;
+    lse2[((size_t)b * H + h) * sq_pad + s] = l == -__int_as_float(0x7f800000) ? __int_as_float(0x7f800000)
+                                                                               : l * __LOG2E__f;
+  }
 }
 """
 
@@ -66,12 +81,14 @@ _DQ_ROWS = r"""
 constexpr int BM = __BM__, HD = __D__;
 // dq rows of query block i of (b, h), one CTA each: row r, columns 8k .. 8k + 7 are 8 contiguous
 // floats of the block's fragment order (warpgroup k / 8, column group k % 8, row half (r / 8) % 2,
-// warp r / 16, lane / 4 = r % 8), written as 16 bytes; 0 on rows whose lse2 is +inf.
+// warp r / 16, lane / 4 = r % 8), written as 16 bytes; 0 on rows whose lse2 is +inf. The last
+// (batch, head)s first: the backward kernel added to theirs last, so their sums may still be in L2.
 extern "C" __global__ void __launch_bounds__(__THREADS__) __NAME__(
     const float* __restrict__ dq_acc, const float* __restrict__ lse2, int Sq, int H, int nq, float scale,
     uint16_t* __restrict__ dq) {
-  const int i = blockIdx.x % nq, h = (blockIdx.x / nq) % H, b = blockIdx.x / nq / H;
-  const float* block = dq_acc + (size_t)blockIdx.x * (BM * HD);
+  const int blk = gridDim.x - 1 - blockIdx.x;
+  const int i = blk % nq, h = (blk / nq) % H, b = blk / nq / H;
+  const float* block = dq_acc + (size_t)blk * (BM * HD);
 #pragma unroll
   for (int c = threadIdx.x; c < BM * HD / 8; c += __THREADS__) {
     const int r = c / (HD / 8), k = c % (HD / 8), s = i * BM + r;
@@ -97,7 +114,7 @@ def pass_source(kernel: str, dtype: str) -> str:
     """The CUDA C++ of ``kernel`` (:data:`KERNELS`) for arrays of ``dtype`` (``source.ELEMENTS``),
     named ``__NAME__``."""
     subs = {"__ELEM__": source.ELEMENTS[dtype], "__D__": bwd_source.D, "__BM__": bwd_source.BM,
-            "__THREADS__": THREADS, "__ROWS__": ROWS_PER_CTA}
+            "__THREADS__": THREADS, "__ROWS__": ROWS_PER_CTA, "__LOG2E__": LOG2E_F32}
     text = source.HELPERS + _CONVERT + KERNELS[kernel]
     for key, val in subs.items():
         text = text.replace(key, str(val))
@@ -111,18 +128,19 @@ def compiled(kernel: str, dtype: str) -> tuple[str, bytes]:
     return name, compiler.cubin(text)
 
 
-def delta(out: jax.Array, dout: jax.Array) -> jax.Array:
-    """``rowsum(dout * out)`` of ``[B, Sq, H, D]`` arrays as ``[B, H, Sq_pad]`` fp32 (``Sq_pad``:
-    ``Sq`` in query blocks of ``bwd_source.BM``; 0 on the padding)."""
+def delta_lse2(out: jax.Array, dout: jax.Array, lse: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(delta, lse2)``: ``rowsum(dout * out)`` of ``[B, Sq, H, D]`` arrays and ``lse`` (``[B, H,
+    Sq]``, the forward's) times log2(e), each ``[B, H, Sq_pad]`` fp32 (``Sq_pad``: ``Sq`` in query
+    blocks of ``bwd_source.BM``; on the padding delta 0, lse2 +inf; lse2 +inf where lse is -inf)."""
     B, Sq, H, D = out.shape
     sq_pad = bwd_source.num_q_blocks(Sq) * bwd_source.BM
     name, image = compiled("delta", jnp.dtype(out.dtype).name)
     spec = launch.Launch(
         name=name, image=image, grid=(-(-B * sq_pad * H // ROWS_PER_CTA), 1, 1), threads=THREADS, smem=0,
         scalars=(("i32", B), ("i32", Sq), ("i32", H), ("i32", sq_pad)),
-        outs=(((B, H, sq_pad), "float32"),), cc=90)
-    (result,) = launch.run(spec, out, dout.astype(out.dtype))
-    return result
+        outs=(((B, H, sq_pad), "float32"), ((B, H, sq_pad), "float32")), cc=90)
+    delta, lse2 = launch.run(spec, out, dout.astype(out.dtype), lse.astype(jnp.float32))
+    return delta, lse2
 
 
 def dq_rows(dq_acc: jax.Array, lse2: jax.Array, sq: int, scale: float, dtype) -> jax.Array:
