@@ -805,8 +805,29 @@ def test_ncu_stalls_splits_the_consumers_step_by_reason(tmp_path):
             "unlisted": round(4 * us_a_sample, 4)}
     assert got["us_per_step"] == want
     assert got["us_per_step_total"] == round(44 * us_a_sample, 4)
-    assert got["item_share"] == round(10 / 54, 4) and got["branches"] == 1 and got["no_inst_samples_in_steps"] == 10
+    assert got["item_share"] == round(10 / 54, 4) and got["branches"] == 1
+    assert got["no_inst_samples_in_steps"] == 10
     out = tmp_path / "stalls.json"
     mod.main([f"k={path}:{steps}:{kernel_us}", "--device", "H", "--out", str(out)])
     written = json.loads(out.read_text())
     assert written["kernels"]["k"] == got and written["device"] == "H"
+
+
+# --- benchmarks/profile_timeline.py ------------------------------------------------------------------
+
+
+def test_profile_timeline_sums_each_kernel_and_gap_per_call(monkeypatch):
+    """Kernels named with their digest count as one kernel; the idle time between two launches is
+    charged to the pair; everything per call."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    mod = _load_script("profile_timeline")
+    events = [  # two calls: (name, start us, duration us)
+        ("splat_fwd_0123456789abcdef0123", 0, 10), ("splat_bwd_0123456789abcdef0123", 12, 30),
+        ("splat_fwd_0123456789abcdef0123", 45, 10), ("splat_bwd_abcdefabcdefabcdefab", 56, 30),
+    ]
+    got = mod.round_summary([{"name": n, "ts": t, "dur": d} for n, t, d in events], calls=2)
+    assert got["us_per_call"] == 43 and got["launches_per_call"] == 2
+    assert got["kernels_us"] == {"splat_fwd": 10, "splat_bwd": 30}
+    assert got["gaps_us"] == {"splat_fwd -> splat_bwd": 1.5, "splat_bwd -> splat_fwd": 1.5}
