@@ -16,7 +16,9 @@ XLA's fusions took 25.9 + 39.9 (``benchmarks/NOTES.md``, session 21), and delta 
 depends on the layouts XLA picks for an einsum on the folded arrays of a band in phases. lse2
 comes with delta (it was one more XLA fusion and launch), and dq's CTAs take the last (batch,
 head)s first, whose sums the kernel finished last: in block-local's chained forward+backward at
-S = 8192, 26.3 + 37.2 us where they took 24.7 + 39.2 and the fusion 1.9 (session 25).
+S = 8192, 26.3 + 37.2 us where they took 24.7 + 39.2 and the fusion 1.9 (session 25). Each
+thread issues all its loads before using any (``lse`` with the row's values; dq's blocks with
+their rows' ``lse2``, masked after): 25.0 + 35.3 us (sessions 25-26).
 """
 
 from __future__ import annotations
@@ -54,8 +56,9 @@ extern "C" __global__ void __launch_bounds__(__THREADS__) __NAME__(
     int Sq, int H, int sq_pad, float* __restrict__ delta, float* __restrict__ lse2) {
   const long long row = (long long)blockIdx.x * __ROWS__ + threadIdx.x / 16;
   const int part = threadIdx.x % 16, h = row % H, s = (row / H) % sq_pad, b = row / H / sq_pad;
-  float acc = 0.f;
+  float acc = 0.f, l = -__int_as_float(0x7f800000);
   if (b < B && s < Sq) {
+    l = lse[((size_t)b * H + h) * Sq + s];  // with the row's loads (one word for the half-warp)
     const size_t off = (((size_t)b * Sq + s) * H + h) * HD + part * 8;
     const uint4 o = *reinterpret_cast<const uint4*>(out + off);
     const uint4 d = *reinterpret_cast<const uint4*>(dout + off);
@@ -69,7 +72,6 @@ extern "C" __global__ void __launch_bounds__(__THREADS__) __NAME__(
 #pragma unroll
   for (int m = 8; m; m >>= 1) acc += __shfl_xor_sync(0xffffffff, acc, m);
   if (part == 0 && b < B) {
-    const float l = s < Sq ? lse[((size_t)b * H + h) * Sq + s] : -__int_as_float(0x7f800000);
     delta[((size_t)b * H + h) * sq_pad + s] = acc;
     lse2[((size_t)b * H + h) * sq_pad + s] = l == -__int_as_float(0x7f800000) ? __int_as_float(0x7f800000)
                                                                                : l * __LOG2E__f;
@@ -89,19 +91,29 @@ extern "C" __global__ void __launch_bounds__(__THREADS__) __NAME__(
   const int blk = gridDim.x - 1 - blockIdx.x;
   const int i = blk % nq, h = (blk / nq) % H, b = blk / nq / H;
   const float* block = dq_acc + (size_t)blk * (BM * HD);
+  // every load first (the block and lse2 hold the padding rows: in bounds), so that none waits on
+  // another's result; what a row that sees no key (or none at all) holds is masked off after
+  constexpr int PER_THREAD = BM * HD / 8 / __THREADS__;
+  float4 x[PER_THREAD][2];
+  float l2[PER_THREAD];
 #pragma unroll
-  for (int c = threadIdx.x; c < BM * HD / 8; c += __THREADS__) {
-    const int r = c / (HD / 8), k = c % (HD / 8), s = i * BM + r;
-    if (s >= Sq) continue;
-    uint4 y = make_uint4(0, 0, 0, 0);
-    if (lse2[((size_t)b * H + h) * nq * BM + s] != __int_as_float(0x7f800000)) {
-      const float4* p = reinterpret_cast<const float4*>(
-          block + (k / 8) * 4096 + (k % 8) * 512 + ((r / 8) % 2) * 256 + (r / 16) * 64 + (r % 8) * 8);
-      const float4 x0 = p[0], x1 = p[1];
-      y = make_uint4(pack2(x0.x * scale, x0.y * scale), pack2(x0.z * scale, x0.w * scale),
-                     pack2(x1.x * scale, x1.y * scale), pack2(x1.z * scale, x1.w * scale));
-    }
-    *reinterpret_cast<uint4*>(dq + (((size_t)b * Sq + s) * H + h) * HD + 8 * k) = y;
+  for (int t = 0; t < PER_THREAD; ++t) {
+    const int c = threadIdx.x + t * __THREADS__, r = c / (HD / 8), k = c % (HD / 8);
+    const float4* p = reinterpret_cast<const float4*>(
+        block + (k / 8) * 4096 + (k % 8) * 512 + ((r / 8) % 2) * 256 + (r / 16) * 64 + (r % 8) * 8);
+    x[t][0] = p[0];
+    x[t][1] = p[1];
+    l2[t] = lse2[((size_t)b * H + h) * nq * BM + i * BM + r];
+  }
+#pragma unroll
+  for (int t = 0; t < PER_THREAD; ++t) {
+    const int c = threadIdx.x + t * __THREADS__, r = c / (HD / 8), k = c % (HD / 8), s = i * BM + r;
+    const uint32_t keep = l2[t] != __int_as_float(0x7f800000) ? 0xffffffffu : 0u;
+    const float4 x0 = x[t][0], x1 = x[t][1];
+    const uint4 y = make_uint4(
+        pack2(x0.x * scale, x0.y * scale) & keep, pack2(x0.z * scale, x0.w * scale) & keep,
+        pack2(x1.x * scale, x1.y * scale) & keep, pack2(x1.z * scale, x1.w * scale) & keep);
+    if (s < Sq) *reinterpret_cast<uint4*>(dq + (((size_t)b * Sq + s) * H + h) * HD + 8 * k) = y;
   }
 }
 """
