@@ -4,9 +4,10 @@
 One H100/H200, bf16, B=1, H=16, D=128, the cuda backend: ``--calls`` forward+backward calls chained
 in one jitted program (as ``splat bench`` times them: ``out`` fed back as the next ``q``, ``dq``
 as the next cotangent), run under ``jax.profiler`` ``--rounds`` times after two warm-up runs. From
-the trace's busiest GPU stream, per round: the time a call spans, each kernel's mean time a call
-(the forward, the backward kernel, its passes, XLA's fusions and memsets), and the idle time
-between launches by the pair of kernels around it::
+the trace's busiest GPU stream, per round and over the calls between the program's first and
+last (:func:`round_summary`): the time a call spans, each kernel's mean time a call (the forward,
+the backward kernel, its passes, XLA's fusions and memsets), and the idle time between launches
+by the pair of kernels around it::
 
     python3 benchmarks/profile_timeline.py --mask block_local --length 8192 [--out PATH]
 
@@ -50,23 +51,33 @@ def _gpu_events(trace_dir: str) -> list[dict]:
 
 
 def round_summary(events: list[dict], calls: int) -> dict:
-    """Per call: the span, each kernel's time and the gaps (us), of one round's events."""
+    """Per call: the span, each kernel's time and the gaps (us) of one round's events, over the
+    calls between its first and its last. A call starts at its launch of the first kernel that
+    runs once a call, and counts to the next call's start; the first call is left out with the
+    host's start of the program on an idle GPU before it (30-80 us, NOTES session 26), and the
+    last with its tail: ``calls - 2`` calls, from the second call's start to the last one's."""
+    names = [_kernel(e["name"]) for e in events]
+    counts = collections.Counter(names)
+    once = next((n for n in names if counts[n] == calls), None)
+    if calls < 3 or once is None:
+        raise ValueError(f"round_summary needs 3 or more calls, one kernel launched once a call; got {calls} "
+                         f"calls and launches {dict(counts)}")
+    starts = [i for i, name in enumerate(names) if name == once]
+    first, last, n = starts[1], starts[-1], calls - 2
     kernels, gaps = collections.defaultdict(float), collections.defaultdict(float)
-    for prev, e in zip([None, *events[:-1]], events, strict=True):
-        kernels[_kernel(e["name"])] += e["dur"] / calls
-        if prev is not None:
-            idle = e["ts"] - prev["ts"] - prev["dur"]
-            gaps[f"{_kernel(prev['name'])} -> {_kernel(e['name'])}"] += idle / calls
-    span = events[-1]["ts"] + events[-1]["dur"] - events[0]["ts"]
-    return {"us_per_call": span / calls, "kernels_us": dict(kernels), "gaps_us": dict(gaps),
-            "launches_per_call": len(events) / calls}
+    for i in range(first, last):
+        kernels[names[i]] += events[i]["dur"] / n
+        idle = events[i + 1]["ts"] - events[i]["ts"] - events[i]["dur"]
+        gaps[f"{names[i]} -> {names[i + 1]}"] += idle / n
+    return {"us_per_call": (events[last]["ts"] - events[first]["ts"]) / n, "kernels_us": dict(kernels),
+            "gaps_us": dict(gaps), "launches_per_call": (last - first) / n}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mask", choices=list(MASKS), default="block_local")
     p.add_argument("--length", type=int, default=8192)
-    p.add_argument("--calls", type=int, default=10)
+    p.add_argument("--calls", type=int, default=12)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)

@@ -818,16 +818,23 @@ def test_ncu_stalls_splits_the_consumers_step_by_reason(tmp_path):
 
 def test_profile_timeline_sums_each_kernel_and_gap_per_call(monkeypatch):
     """Kernels named with their digest count as one kernel; the idle time between two launches is
-    charged to the pair; everything per call."""
+    charged to the pair; everything per call, over the calls between the first and the last (a
+    call starting at the first kernel launched once a call: not the memset launched twice)."""
     from pathlib import Path
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
     mod = _load_script("profile_timeline")
-    events = [  # two calls: (name, start us, duration us)
-        ("splat_fwd_0123456789abcdef0123", 0, 10), ("splat_bwd_0123456789abcdef0123", 12, 30),
-        ("splat_fwd_0123456789abcdef0123", 45, 10), ("splat_bwd_abcdefabcdefabcdefab", 56, 30),
+    fwd, bwd = "splat_fwd_0123456789abcdef0123", "splat_bwd_abcdefabcdefabcdefab"
+    events = [  # four calls: (name, start us, duration us); the program starts 50 us late
+        ("Memset 3", 0, 1), ("Memset 3", 50, 1), (fwd, 52, 10), ("Memset 3", 63, 1), (bwd, 65, 30),
+        ("Memset 3", 96, 1), (fwd, 98, 10), ("Memset 3", 109, 2), (bwd, 113, 30),
+        ("Memset 3", 143, 1), (fwd, 145, 10), ("Memset 3", 156, 1), (bwd, 158, 30),
+        ("Memset 3", 189, 1), (fwd, 191, 10), ("Memset 3", 202, 1), (bwd, 204, 30),
     ]
-    got = mod.round_summary([{"name": n, "ts": t, "dur": d} for n, t, d in events], calls=2)
-    assert got["us_per_call"] == 43 and got["launches_per_call"] == 2
-    assert got["kernels_us"] == {"splat_fwd": 10, "splat_bwd": 30}
-    assert got["gaps_us"] == {"splat_fwd -> splat_bwd": 1.5, "splat_bwd -> splat_fwd": 1.5}
+    got = mod.round_summary([{"name": n, "ts": t, "dur": d} for n, t, d in events], calls=4)
+    assert got["us_per_call"] == (191 - 98) / 2 and got["launches_per_call"] == 4
+    assert got["kernels_us"] == {"splat_fwd": 10, "splat_bwd": 30, "Memset 3": 2.5}
+    assert got["gaps_us"] == {"splat_fwd -> Memset 3": 1, "Memset 3 -> splat_bwd": 1.5,
+                              "splat_bwd -> Memset 3": 0.5, "Memset 3 -> splat_fwd": 1}
+    with pytest.raises(ValueError, match="3 or more calls"):
+        mod.round_summary([{"name": n, "ts": t, "dur": d} for n, t, d in events[:9]], calls=2)

@@ -145,6 +145,13 @@ def test_every_schedule_has_one_signature_and_the_queue_takes_tickets():
         assert f"SCHEDULE = {gen.SCHEDULES[schedule]};" in text
     queue = gen.source(1023, 0, schedule="queue")
     assert "atomicAdd(counter, 1)" in queue and "publish_ticket(n, sem, n_work" in queue
+    # the kernel body names sem once, under the queue's branch: the backend zeroes it only there
+    body = queue.split("__launch_bounds__")[1].split("{", 1)[1]
+    uses = [line for line in body.splitlines() if re.search(r"\bsem\b", line)]
+    assert uses == ["          w = publish_ticket(n, sem, n_work, s_ticket, item_full(0), item_empty(0));"]
+    before = body.split(uses[0])[0]
+    assert "if (SCHEDULE == 2) {" in before and "}" not in before.rsplit("if (SCHEDULE == 2) {", 1)[1]
+    assert [s for s in gen.SCHEDULES if gen.takes_tickets(s)] == ["queue"]
     names = {gen.with_unique_name(gen.source(1023, 0, schedule=s))[0] for s in gen.SCHEDULES}
     assert len(names) == len(gen.SCHEDULES)
     sections = gen.source(None, 0, schedule="queue", section_bytes=16 << 20)

@@ -98,14 +98,15 @@ def _ctas(grid: tuple[int, int, int], slot_bytes: int) -> int:
 
 
 def run_forward(name: str, image: bytes, grid: tuple[int, int, int], smem: int, maps: bytes, q, k, v,
-                scale: float, rt_arrays: tuple = ()):
+                scale: float, rt_arrays: tuple = (), *, zero_ticket: bool = True):
     """``(out, lse)`` of the forward kernel ``name`` in the cubin ``image``, launched on ``grid``
     (:func:`~jax_bindings._cuda.plan.grid` of the kernel's schedule) with ``smem`` bytes of shared
     memory and the tensor-map templates ``maps`` (the kernel signature of
-    :mod:`jax_bindings._cuda.source`; its ticket counter ``sem`` zeroed, whatever the schedule);
-    ``rt_arrays``: the arrays the kernel takes after the templates: the runtime mask's
-    (:func:`~jax_bindings._cuda.runtime_tables.fwd_arrays`), or a grid layout's tables
-    (:func:`~jax_bindings._cuda.grid_tiles.grid_plan`)."""
+    :mod:`jax_bindings._cuda.source`); ``rt_arrays``: the arrays the kernel takes after the
+    templates: the runtime mask's (:func:`~jax_bindings._cuda.runtime_tables.fwd_arrays`), or a
+    grid layout's tables (:func:`~jax_bindings._cuda.grid_tiles.grid_plan`). ``zero_ticket``:
+    zero the ticket counter ``sem`` before the launch, as a schedule that takes tickets needs
+    (:func:`~jax_bindings._cuda.source.takes_tickets`; elsewhere a memset and its gap for nothing)."""
     B, Sq, H, D = q.shape
     n_ctas = _ctas(grid, source.SLOT_BYTES)
     spec = launch.Launch(
@@ -119,7 +120,7 @@ def run_forward(name: str, image: bytes, grid: tuple[int, int, int], smem: int, 
         outs=(((B, Sq, H, D), jnp.dtype(q.dtype).name), ((B, H, Sq), "float32"), ((1,), "int32"),
               ((n_ctas * source.SLOT_BYTES,), "uint8")),
         cc=90,
-        zeroed=(2,),
+        zeroed=(2,) if zero_ticket else (),
     )
     templates = jnp.asarray(np.frombuffer(maps, dtype=np.uint8))
     out, lse, _sem, _slots = launch.run(spec, q, k.astype(q.dtype), v.astype(q.dtype), templates, *rt_arrays)
@@ -138,7 +139,8 @@ def _grid_forward(q, k, v, layout: ACSR, scale: float, rt: str):
     grid = plan.grid(q.shape, variant.schedule, _sm_count(), tiles.n_patches)
     maps = plan.grid_tensor_maps(tiles, q.shape, k.shape, v.shape)
     tables = jnp.asarray(grid_tiles.grid_plan(layout.grid).tables)
-    return run_forward(name, image, grid, variant.smem, maps, q, k, v, scale, (tables,))
+    return run_forward(name, image, grid, variant.smem, maps, q, k, v, scale, (tables,),
+                       zero_ticket=source.takes_tickets(variant.schedule))
 
 
 def attention_fwd(q, k, v, runtime, layout: ACSR, scale: float, soft_cap=None):
@@ -156,7 +158,8 @@ def attention_fwd(q, k, v, runtime, layout: ACSR, scale: float, soft_cap=None):
     grid = plan.grid(q.shape, variant.schedule, _sm_count())
     maps = plan.tensor_maps(variant.block_n, q.shape, k.shape, v.shape)
     rt_arrays = runtime_tables.fwd_arrays(runtime, variant.block_n) if rt else ()
-    out, lse = run_forward(name, image, grid, variant.smem, maps, q, k, v, scale, rt_arrays)
+    out, lse = run_forward(name, image, grid, variant.smem, maps, q, k, v, scale, rt_arrays,
+                           zero_ticket=source.takes_tickets(variant.schedule))
     return (phases.unfold(out, d), phases.unfold_rows(lse, d)) if d > 1 else (out, lse)
 
 

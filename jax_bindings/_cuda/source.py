@@ -43,8 +43,8 @@ bound; either may be negative), ``0 <= j < Skv``; a row block that sees no key s
 row block sees the same keys, and where they start and end on key tiles no tile is masked.
 Inputs ``[B, S, H, D]`` bf16 or fp16 (``dtype``) with ``D = 128``, GQA by ``H // Hkv``; outputs
 ``out [B, Sq, H, D]`` in the input dtype and ``lse [B, H, Sq]`` fp32 (natural log; ``-inf`` and
-``out = 0`` on a row with no key). ``sem`` is one int32, zeroed before the launch (the queue's
-ticket counter; passed, unused, by the other schedules).
+``out = 0`` on a row with no key). ``sem`` is one int32: the queue's ticket counter, zeroed
+before the launch (:func:`takes_tickets`); the other schedules never read it, and it is not.
 Parameters: the array inputs, the scalars, then the array outputs (the order jaxlib's kernel
 call hands buffers in): ``q, k, v, tmap_templates, [runtime arrays,] Sq, Skv, H, Hkv, B,
 scale_log2, out, lse, sem, tmap_slots``.
@@ -81,6 +81,12 @@ UNBOUNDED = 1 << 30
 FEEDS = {"cp.async": 0, "tma": 1, "none": 2}
 SCHEDULES = {"grid": 0, "strided": 1, "queue": 2}  # how CTAs get their work tiles (see source())
 O_STORES = ("registers", "tma")  # how the epilogue writes out (see source())
+
+
+def takes_tickets(schedule: str) -> bool:
+    """Whether a kernel in ``schedule`` takes its work tiles from the ticket counter ``sem`` (which
+    must then be zeroed before each launch; the other schedules never read it)."""
+    return schedule == "queue"
 
 
 SLOT_BYTES = 512  # global memory a CTA publishes its K, V, Q and out tensor maps in
