@@ -149,8 +149,8 @@ def test_every_schedule_has_one_signature_and_the_queue_takes_tickets():
     body = queue.split("__launch_bounds__")[1].split("{", 1)[1]
     uses = [line for line in body.splitlines() if re.search(r"\bsem\b", line)]
     assert uses == ["          w = publish_ticket(n, sem, n_work, s_ticket, item_full(0), item_empty(0));"]
-    before = body.split(uses[0])[0]
-    assert "if (SCHEDULE == 2) {" in before and "}" not in before.rsplit("if (SCHEDULE == 2) {", 1)[1]
+    before, branch = body.split(uses[0])[0], f"if (SCHEDULE == {gen.SCHEDULES['queue']}) {{"
+    assert branch in before and "}" not in before.rsplit(branch, 1)[1]
     assert [s for s in gen.SCHEDULES if gen.takes_tickets(s)] == ["queue"]
     names = {gen.with_unique_name(gen.source(1023, 0, schedule=s))[0] for s in gen.SCHEDULES}
     assert len(names) == len(gen.SCHEDULES)

@@ -94,6 +94,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__) __NAME__(
   // every load first (the block and lse2 hold the padding rows: in bounds), so that none waits on
   // another's result; what a row that sees no key (or none at all) holds is masked off after
   constexpr int PER_THREAD = BM * HD / 8 / __THREADS__;
+  static_assert(PER_THREAD * __THREADS__ == BM * HD / 8, "every 16 bytes of the block to one thread");
   float4 x[PER_THREAD][2];
   float l2[PER_THREAD];
 #pragma unroll
