@@ -3,7 +3,9 @@
 * **NVRTC** is loaded with ctypes (no Python binding needed) from, in order: ``$SPLAT_NVRTC``
   (a path to ``libnvrtc.so*``), the ``nvidia`` wheels on ``sys.path`` (``jax[cuda12]`` and
   ``jax[cuda13]`` bring ``libnvrtc``), ``$CUDA_HOME/lib64``, ``/usr/local/cuda/lib64``, then the
-  loader's search path. The generated source includes no header, so NVRTC needs no include path.
+  loader's search path. A kernel includes no system header, so NVRTC needs no include path; the
+  headers it does include (the kernel parts of :mod:`jax_bindings._cuda.parts`) are handed to the
+  compiler by name with the source (``headers``: include name -> text).
 * **nvcc** on ``PATH`` is the fallback (``-cubin``, so no host compiler runs for device code).
 * Cubins are kept in ``<splat cache dir>/cuda/`` (:mod:`jax_bindings._disk_cache`), keyed by
   the compiler's identity, the target and the source; a new process loads them instead of
@@ -53,10 +55,12 @@ class Compiler:
     path: str
     version: str
 
-    def compile(self, source: str, *, arch: str = ARCH, verbose: bool = False) -> tuple[bytes, str]:
-        """``(cubin, log)``; ``verbose`` puts ptxas's resource report (registers, spills) in the log."""
+    def compile(self, source: str, *, arch: str = ARCH, verbose: bool = False,
+                headers: dict[str, str] | None = None) -> tuple[bytes, str]:
+        """``(cubin, log)``; ``verbose`` puts ptxas's resource report (registers, spills) in the log;
+        ``headers``: the files ``source`` includes, by include name."""
         run = _nvrtc_compile if self.kind == "nvrtc" else _nvcc
-        return run(self.path, source, arch, verbose)
+        return run(self.path, source, arch, verbose, dict(headers or {}))
 
 
 # -- NVRTC through ctypes -------------------------------------------------------------
@@ -95,10 +99,15 @@ def _check(lib, status: int, what: str, log: str = "") -> None:
         raise CompileError(f"{what}: {msg}" + (f"\n{log}" if log else ""))
 
 
-def _nvrtc_compile(path: str, source: str, arch: str, verbose: bool) -> tuple[bytes, str]:
+def _nvrtc_compile(
+    path: str, source: str, arch: str, verbose: bool, headers: dict[str, str]
+) -> tuple[bytes, str]:
     lib = _load_nvrtc(path)
     prog = ctypes.c_void_p()
-    status = lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"splat_kernel.cu", 0, None, None)
+    names = (ctypes.c_char_p * max(len(headers), 1))(*[n.encode() for n in headers])
+    texts = (ctypes.c_char_p * max(len(headers), 1))(*[t.encode() for t in headers.values()])
+    status = lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"splat_kernel.cu", len(headers),
+                                    texts, names)
     _check(lib, status, "nvrtcCreateProgram")
     try:
         opts = [f"--gpu-architecture={arch}".encode(), b"--std=c++17", b"--device-as-default-execution-space"]
@@ -121,11 +130,15 @@ def _nvrtc_compile(path: str, source: str, arch: str, verbose: bool) -> tuple[by
 # -- nvcc -------------------------------------------------------------------------------
 
 
-def _nvcc(path: str, source: str, arch: str, verbose: bool) -> tuple[bytes, str]:
+def _nvcc(path: str, source: str, arch: str, verbose: bool, headers: dict[str, str]) -> tuple[bytes, str]:
     with tempfile.TemporaryDirectory(prefix="splat-nvcc-") as d:
         cu, out = os.path.join(d, "kernel.cu"), os.path.join(d, "kernel.cubin")
         with open(cu, "w") as f:
             f.write(source)
+        for name, text in headers.items():  # include names are relative to the source's folder
+            os.makedirs(os.path.dirname(os.path.join(d, name)), exist_ok=True)
+            with open(os.path.join(d, name), "w") as f:
+                f.write(text)
         gen = f"arch=compute_{arch[3:]},code={arch}"
         cmd = [path, "-gencode", gen, "-cubin", "-O3", *(["-Xptxas", "-v"] if verbose else []), "-o", out, cu]
         r = subprocess.run(cmd, capture_output=True, text=True)
@@ -154,8 +167,9 @@ def compiler() -> Compiler | str:
     return f"no CUDA compiler: libnvrtc could not be loaded and nvcc is not on PATH ({why})"
 
 
-def cubin(source: str, *, arch: str = ARCH) -> bytes:
-    """The cubin of ``source`` for ``arch``: from the disk cache, else compiled and stored."""
+def cubin(source: str, *, arch: str = ARCH, headers: dict[str, str] | None = None) -> bytes:
+    """The cubin of ``source`` (with the ``headers`` it includes, by include name) for ``arch``:
+    from the disk cache, else compiled and stored."""
     c = compiler()
     if isinstance(c, str):
         raise CompileError(c)
@@ -163,13 +177,13 @@ def cubin(source: str, *, arch: str = ARCH) -> bytes:
 
     def build() -> bytes:
         t = time.perf_counter()
-        data, _log = c.compile(source, arch=arch)
+        data, _log = c.compile(source, arch=arch, headers=headers)
         _STATS["compiled"] += 1
         _STATS["compile_s"] += time.perf_counter() - t
         return data
 
     with _LOCK:
-        key = ["cuda", _FORMAT, c.kind, c.version, arch, source]
+        key = ["cuda", _FORMAT, c.kind, c.version, arch, source, sorted((headers or {}).items())]
         data, hit = cached_bytes("cuda", key, build, suffix=".cubin")
     _STATS["disk_hits"] += hit
     return data

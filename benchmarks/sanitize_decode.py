@@ -1,0 +1,173 @@
+"""Every decode variant the gpu tests build, launched once for compute-sanitizer.
+
+The cases of ``tests/decode_cases.py`` (head dims 64-256, 1-16 tokens a row, GQA groups 1-32, one to
+three segments, contiguous caches and page pools with NaN pages nobody maps, one split and many, a
+token outside the cache and a padded token), plus segment ids with a soft cap, in bfloat16 and
+float16; each compiled as the backend compiles it (``jax_bindings._cuda.decode``) and launched with
+CuPy (JAX stays on the CPU, so no XLA kernel runs under the sanitizer). The splits are merged in
+NumPy as ``decode.merge_splits`` merges them, and every output is checked against the float64
+reference; rows that see no key must give 0 and ``-inf``.
+
+    compute-sanitizer --tool memcheck --error-exitcode 9 python3 benchmarks/sanitize_decode.py
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import tempfile
+
+os.environ["JAX_PLATFORMS"] = "cpu"
+
+import cupy as cp
+import ml_dtypes
+import numpy as np
+
+sys.path.insert(0, "tests")
+import decode_cases as dc  # noqa: E402
+
+import splat  # noqa: E402
+from jax_bindings._cuda import decode  # noqa: E402
+from splat import masks  # noqa: E402
+
+NP = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+SMS = 132
+
+
+def _kernel(variant):
+    name, image = decode.compiled(variant)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(image)
+        f.flush()
+        fn = cp.RawModule(path=f.name).get_function(name)
+    fn.max_dynamic_shared_size_bytes = variant.smem
+    return fn
+
+
+def launch(x: dc.Inputs, layout, dtype: str, page: int, splits: int | None, soft_cap=None, rng=None):
+    """``(out [B, T, H, D] float32, lse [B, H, T])`` of the decode kernel on ``x``."""
+    b, t, h, d = x.q.shape
+    hk = x.k.shape[2]
+    q, k, v = (a.astype(NP[dtype]) for a in (x.q, x.k, x.v))
+    table = np.zeros(1, np.int32)
+    if page:
+        k, v, table = dc.paged(rng, k.astype(np.float32), v.astype(np.float32), page)
+        k, v = k.astype(NP[dtype]), v.astype(NP[dtype])
+    tile = decode.decode_tile(d, t * h // hk)
+    row_blocks = -(-t * (h // hk) // tile.rows)
+    tiles = -(-decode.max_keys(layout) // tile.block_n) + len(layout.segments)
+    splits = splits or decode.choose_splits(b * hk * row_blocks, tiles, SMS)
+    ids = x.q_ids is not None
+    variant = decode.DecodeVariant(
+        d, dtype, t, h // hk, len(layout.segments), page, ids, soft_cap, splits > 1, tile
+    )
+    q_pos = np.where(np.arange(t)[None, :] < x.q_len[:, None], x.q_pos, -1).astype(np.int32)
+    if splits > 1:
+        out = cp.full((b, t, h, splits, d), np.nan, np.float32)
+        lse = cp.full((b, t, h, splits), np.nan, np.float32)
+    else:
+        out = cp.full((b, t, h, d), np.nan, NP[dtype])
+        lse = cp.full((b, h, t), np.nan, np.float32)
+    placeholder = np.zeros(1, np.int32)
+    args = [
+        cp.asarray(a)
+        for a in (
+            q,
+            k,
+            v,
+            q_pos,
+            x.kv_len,
+            decode.segment_rows(layout),
+            table,
+            x.q_ids if ids else placeholder,
+            x.kv_ids if ids else placeholder,
+        )
+    ]
+    args += [
+        np.int32(dc.L),
+        np.int32(h),
+        np.int32(hk),
+        np.int32(table.shape[1] if page else 0),
+        np.int32(k.shape[0] if page else 0),
+        np.float32(d**-0.5 * math.log2(math.e)),
+        np.float32(d**-0.5),
+        out,
+        lse,
+    ]
+    _kernel(variant)(
+        decode.launch_grid(splits, b * hk, row_blocks),
+        (variant.threads,),
+        tuple(args),
+        shared_mem=variant.smem,
+    )
+    cp.cuda.runtime.deviceSynchronize()
+    out, lse = cp.asnumpy(out).astype(np.float32), cp.asnumpy(lse)
+    if splits == 1:
+        return out, lse
+    top = lse.max(-1, keepdims=True)
+    w = np.exp(lse - np.where(np.isfinite(top), top, 0))
+    den = w.sum(-1)
+    merged = np.where(
+        den[..., None] > 0, (out * w[..., None]).sum(-2) / np.where(den > 0, den, 1)[..., None], 0
+    )
+    with np.errstate(divide="ignore"):
+        lse = np.where(den > 0, top[..., 0] + np.log(np.where(den > 0, den, 1)), -np.inf)
+    return merged, np.moveaxis(lse, 1, 2)
+
+
+def check(name, out, lse, ref_out, ref_lse):
+    empty = ~np.isfinite(ref_lse)
+    assert np.isfinite(out).all(), f"{name}: non-finite out"
+    err = np.abs(out - ref_out).max() / np.abs(ref_out).max()
+    assert err < 4e-2, f"{name}: out differs from the reference by {err:.3g}"
+    assert (out.transpose(0, 2, 1, 3)[empty] == 0).all() and np.isneginf(lse[empty]).all(), (
+        f"{name}: empty rows"
+    )
+    lerr = np.abs(lse[~empty] - ref_lse[~empty]).max()
+    assert lerr < 2e-2, f"{name}: lse differs by {lerr:.3g}"
+    print(f"{name:48s} ok (out {err:.1e}, lse {lerr:.1e})")
+
+
+def main() -> int:
+    launched = 0
+    for dtype in NP:
+        for case in dc.CASES:
+            mname, d, t, h, hk, page, splits = case
+            rng = np.random.default_rng(d + t + h)
+            x = dc.inputs(rng, 3, t, h, hk, d, dc.MASKS[mname])
+            x = x._replace(
+                q=x.q.astype(NP[dtype]).astype(np.float32),
+                k=x.k.astype(NP[dtype]).astype(np.float32),
+                v=x.v.astype(NP[dtype]).astype(np.float32),
+            )
+            layout = splat.analyze(dc.MASKS[mname], dc.L, dc.L)
+            out, lse = launch(x, layout, dtype, page, splits, rng=rng)
+            check(
+                f"{'-'.join(map(str, case))} {dtype}",
+                out,
+                lse,
+                *dc.reference(x.q, x.k, x.v, x.visible, d**-0.5),
+            )
+            launched += 1
+    rng = np.random.default_rng(0)
+    x = dc.inputs(rng, 4, 2, 8, 2, 128, masks.causal(), ids=True)
+    x = x._replace(
+        **{n: getattr(x, n).astype(ml_dtypes.bfloat16).astype(np.float32) for n in ("q", "k", "v")}
+    )
+    layout = splat.analyze(masks.causal(), dc.L, dc.L)
+    for splits in (1, 4):
+        out, lse = launch(x, layout, "bfloat16", 0, splits, soft_cap=30.0)
+        check(
+            f"ids + soft cap, splits {splits}",
+            out,
+            lse,
+            *dc.reference(x.q, x.k, x.v, x.visible, 128**-0.5, soft_cap=30.0),
+        )
+        launched += 1
+    print(f"{launched} launches of decode kernel variants")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
