@@ -33,7 +33,8 @@ The cuDNN call returns no float32 logsumexp (jax offers it only cast to the
 output dtype), so the fused ``attention_fwd -> (out, lse)`` contract does not
 fit: this backend declares a differentiable :func:`attention` instead, which
 JAX differentiates and batches itself, and refuses ``attention_fwd``,
-``attention_bwd`` and the unfused ops so the next backend takes them.
+``attention_bwd``, ``attention_paged`` (it takes no paged KV cache) and the
+unfused ops so the next backend takes them.
 """
 
 from __future__ import annotations
@@ -189,3 +190,4 @@ softmax = _refuses("softmax", _NO_UNFUSED)
 softmax_bwd = _refuses("softmax_bwd", _NO_UNFUSED)
 spmm = _refuses("spmm", _NO_UNFUSED)
 spmm_bwd = _refuses("spmm_bwd", _NO_UNFUSED)
+attention_paged = _refuses("attention_paged", "it takes no paged KV cache")

@@ -41,6 +41,24 @@ Fused attention
     the shapes and dtypes of ``q, k, v``. ``lse`` may contain ``-inf``. ``runtime``
     gets no gradient.
 
+Paged KV cache (decode, forward only)
+-------------------------------------
+
+``attention_paged(q, k_pages, v_pages, page_table, runtime, layout, scale, soft_cap) -> out``
+    ``q: [B, Sq, H, D]``; ``k_pages, v_pages: [P, page_size, Hk, D]``, a page
+    pool shared by the batch rows; ``page_table: int32 [B, max_pages]``:
+    logical key ``j`` of row ``b`` lives at ``k_pages[page_table[b, j //
+    page_size], j % page_size]``. ``layout``: ``(L, L)``, ``L = max_pages *
+    page_size``; ``runtime``: a RuntimeMask with ``q_pos`` (always), ``kv_len``
+    (the cache lengths) and ids over logical key positions (``[B, L]``).
+    ``out: [B, Sq, H, D]`` in ``q.dtype``, as ``attention_fwd``'s ``out`` over
+    the gathered keys. A page id outside ``[0, P)`` hides its keys (they are
+    not seen, and nothing is read out of bounds). Forward only (serving): the
+    dispatcher makes ``jax.grad`` through it raise; no backward op exists. A
+    vmapped axis folds into ``B`` for ``q``, ``page_table`` and ``runtime``;
+    an unbatched page pool is shared, a batched one ``[V, P, ...]`` becomes
+    ``[V * P, ...]`` with the page table offset by ``v * P``.
+
 Unfused ops (padded value arrays ``[B, H, Sq, N]``, slots as in
 :mod:`acsr._format`; padding slots hold 0 in outputs and are ignored in inputs)
 ---------------------------------------------------------------------------
@@ -118,6 +136,7 @@ __all__ = [
     "BACKENDS",
     "BackendUnavailableError",
     "attention",
+    "attention_paged",
     "attention_with_lse",
     "available_backends",
     "check_backend",
@@ -132,6 +151,10 @@ __all__ = [
 _SIGNATURES = {
     "attention": (("q", "k", "v", "runtime"), ("layout", "scale", "soft_cap")),
     "attention_with_lse": (("q", "k", "v", "runtime"), ("layout", "scale", "soft_cap")),
+    "attention_paged": (
+        ("q", "k_pages", "v_pages", "page_table", "runtime"),
+        ("layout", "scale", "soft_cap"),
+    ),
     "sddmm": (("q", "k"), ("layout",)),
     "softmax": (("scores",), ("layout", "scale")),
     "spmm": (("probs", "v"), ("layout",)),
@@ -244,6 +267,63 @@ def _folded(name: str, op: str, static: tuple):
     return f
 
 
+def _folded_paged(name: str, static: tuple):
+    """``attention_paged`` of backend ``name`` as a ``custom_vmap`` function of its arrays.
+
+    A vmapped axis folds into ``B`` for ``q``, ``page_table`` and ``runtime`` (unbatched ones
+    broadcast). An unbatched page pool is shared by every mapped row; a batched one ``[V, P, ...]``
+    (either pool: both are then taken per row) becomes ``[V * P, ...]`` and row ``v``'s page ids
+    are offset by ``v * P``, ids outside ``[0, P)`` becoming -1 (still outside: still hidden).
+    """
+
+    @jax.custom_batching.custom_vmap
+    def f(q, k_pages, v_pages, page_table, runtime):
+        return _call(name, "attention_paged", q, k_pages, v_pages, page_table, runtime, *static)
+
+    @f.def_vmap
+    def rule(axis_size, in_batched, q, k_pages, v_pages, page_table, runtime):
+        q_b, k_b, v_b, pt_b, rt_b = in_batched
+
+        def fold(x, batched):
+            if not batched:
+                x = jnp.broadcast_to(x, (axis_size, *x.shape))
+            return x.reshape(axis_size * x.shape[1], *x.shape[2:])
+
+        if k_b or v_b:
+            pools = []
+            for x, batched in ((k_pages, k_b), (v_pages, v_b)):
+                pools.append(x if batched else jnp.broadcast_to(x, (axis_size, *x.shape)))
+            n_pages = pools[0].shape[1]
+            pt = page_table if pt_b else jnp.broadcast_to(page_table, (axis_size, *page_table.shape))
+            shift = (jnp.arange(axis_size, dtype=pt.dtype) * n_pages)[:, None, None]
+            page_table = jnp.where((pt >= 0) & (pt < n_pages), pt + shift, -1)
+            pt_b = True
+            k_pages, v_pages = (x.reshape(axis_size * n_pages, *x.shape[2:]) for x in pools)
+        runtime = jax.tree.map(fold, runtime, rt_b)
+        out = f(fold(q, q_b), k_pages, v_pages, fold(page_table, pt_b), runtime)
+        return out.reshape(axis_size, out.shape[0] // axis_size, *out.shape[1:]), True
+
+    return f
+
+
+PAGED_NOT_DIFFERENTIABLE = (
+    "attention against a paged KV cache (splat.attention_with_kvcache with page_table=...) is "
+    "forward only (serving) and has no gradient; for gradients use a contiguous cache "
+    "(attention_with_kvcache without page_table, or splat.attention)"
+)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(5, 6, 7, 8))
+def _attention_paged(q, k_pages, v_pages, page_table, runtime, layout, scale, soft_cap, chain):
+    static = (layout, scale, soft_cap)
+    return _folded_paged(chain[0], static)(q, k_pages, v_pages, page_table, runtime)
+
+
+@_attention_paged.defjvp
+def _attention_paged_jvp(layout, scale, soft_cap, chain, primals, tangents):
+    raise TypeError(PAGED_NOT_DIFFERENTIABLE)
+
+
 def _op(name: str, op: str, *args, static: tuple = ()):
     return _folded(name, op, static)(*args)
 
@@ -341,6 +421,7 @@ def _attention_on(chain, arrays, static):
 _RUN = {
     "attention": _attention_on,
     "attention_with_lse": lambda chain, a, s: _op(chain[0], "attention_fwd", *a, static=s),
+    "attention_paged": lambda chain, a, s: _attention_paged(*a, *s, chain),
     "sddmm": lambda chain, a, s: _sddmm(*a, *s, chain),
     "softmax": lambda chain, a, s: _softmax(*a, *s, chain),
     "spmm": lambda chain, a, s: _spmm(*a, *s, chain),
@@ -390,12 +471,13 @@ def selected_backend(op: str, *args, backend: str = "auto", runtime=None, soft_c
     """The backend that would run ``op`` for these arguments here (nothing is computed).
 
     Args:
-      op: "attention", "attention_with_lse", "sddmm", "softmax" or "spmm".
+      op: "attention", "attention_with_lse", "attention_paged", "sddmm", "softmax" or "spmm".
       *args: the op's arguments as :func:`attention` and friends take them;
         arrays may be abstract (``jax.ShapeDtypeStruct``).
       backend: "auto" or a backend name (which is then returned, or raises
         what the call would raise).
-      runtime, soft_cap: as :func:`attention` takes them (fused ops only).
+      runtime, soft_cap: as :func:`attention` takes them (fused ops only;
+        "attention_paged" needs ``runtime``).
 
     Returns:
       The backend name. For "attention", the one running the forward pass (its
@@ -419,6 +501,8 @@ def selected_backend(op: str, *args, backend: str = "auto", runtime=None, soft_c
         )
     if not fused and (runtime is not None or soft_cap is not None):
         raise TypeError(f"selected_backend({op!r}, ...) takes no runtime or soft_cap")
+    if op == "attention_paged" and runtime is None:
+        raise TypeError("selected_backend('attention_paged', ...) needs runtime= (a RuntimeMask with q_pos)")
     n = len(array_names) - fused
     arrays, static = args[:n], tuple(args[n:])
     if fused:
@@ -454,6 +538,28 @@ def attention_with_lse(
 ):
     """``(out, lse)`` of the fused forward, not differentiable (for inspection and tests)."""
     return _run("attention_with_lse", backend, (q, k, v, runtime), (layout, float(scale), _cap(soft_cap)))
+
+
+def attention_paged(
+    q,
+    k_pages,
+    v_pages,
+    page_table,
+    layout: ACSR,
+    scale: float,
+    backend: str = "auto",
+    *,
+    runtime,
+    soft_cap=None,
+):
+    """Attention against a paged KV cache ``[B, Sq, H, D]`` (see the contract); forward only:
+    ``jax.grad`` through it raises. No input checks (``splat.attention_with_kvcache`` makes them).
+
+    ``runtime``: a :class:`~jax_bindings._runtime.RuntimeMask` with ``q_pos``; ``soft_cap``: a float
+    or None.
+    """
+    arrays = (q, k_pages, v_pages, page_table, runtime)
+    return _run("attention_paged", backend, arrays, (layout, float(scale), _cap(soft_cap)))
 
 
 def sddmm(q, k, layout: ACSR, backend: str = "auto"):

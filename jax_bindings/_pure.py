@@ -24,6 +24,10 @@ Piece kinds (chosen per segment by a cost model, see :func:`_plan`):
 * **residual**: the block-sparse remainder; each row block gathers its key
   blocks and masks them with the stored bitmap.
 
+Queries at run-time positions (a runtime mask with ``q_pos``) run on
+:mod:`jax_bindings._pure_rows` instead; so does ``attention_paged``, after
+gathering each batch row's pages into a contiguous cache.
+
 Memory: every piece works a row block at a time (``lax.map`` / ``lax.scan``),
 so temporaries are ``O(BQ * BK)`` scores per step plus ``O(S * D)`` outputs;
 nothing is ``O(Sq * Skv)``. The backward pass recomputes probabilities from
@@ -573,6 +577,25 @@ def attention_bwd(q, k, v, runtime, out, lse, dout, layout: ACSR, scale: float, 
         dq = dq + dq_p
     dq = (dq * scale).reshape(b, sq, h, d).astype(q.dtype)
     return dq, dk[:, :skv].astype(k.dtype), dv[:, :skv].astype(v.dtype)
+
+
+def attention_paged(q, k_pages, v_pages, page_table, runtime, layout: ACSR, scale: float, soft_cap=None):
+    """Attention against a paged KV cache (forward only). See the contract.
+
+    Gathers each batch row's pages into a contiguous ``[B, L, Hk, D]`` cache (``L = max_pages *
+    page_size``), then runs the rows of :mod:`jax_bindings._pure_rows` at ``runtime.q_pos``. A page
+    id outside ``[0, P)`` is clipped for the gather (nothing is read out of bounds) and its keys are
+    masked (AND-ed into the runtime mask's key side); keys never seen (those, and keys at or past
+    ``kv_len``) are zeroed, so what unused pages hold (NaN, say) never reaches the arithmetic.
+    """
+    n_pages, page_size = k_pages.shape[:2]
+    b, max_pages = page_table.shape
+    length = max_pages * page_size
+    page_ok = (page_table >= 0) & (page_table < n_pages)  # [B, max_pages]
+    ids = jnp.clip(page_table, 0, n_pages - 1)
+    k, v = (x[ids].reshape(b, length, *x.shape[2:]) for x in (k_pages, v_pages))
+    kv_ok = jnp.repeat(page_ok, page_size, axis=1)  # [B, L]
+    return _pure_rows.attention_fwd(q, k, v, runtime, layout, scale, soft_cap, kv_ok=kv_ok)[0]
 
 
 # -----------------------------------------------------------------------------

@@ -10,10 +10,17 @@ gathered at its position:
 * a segment's row ``p`` holds columns ``base[p] + stride[p] * t``, ``t < count[p]``;
 * the residual's row ``p`` holds the set bits of its row block's key blocks.
 
+A query at ``q_pos = -1`` (outside the layout) sees no key: its row is read at
+0 and its key range emptied, so no array is indexed at -1 (which would wrap to
+the last row).
+
 Each block of ``_BLOCK_Q`` queries walks the keys between its rows' smallest
 first column and largest last one (after the runtime ranges), ``_CHUNK`` keys
 at a time, with an online softmax; the backward pass recomputes the
-probabilities from the logsumexp. Work is ``O(rows x span)``, not
+probabilities from the logsumexp. A chunk may run past a row's last key, so
+keys and values a batch row never sees (at or past ``kv_len``, or outside
+``kv_ok``) are zeroed first: a cache's stale tail (NaN, say) never reaches the
+arithmetic (``0 * NaN`` would). Work is ``O(rows x span)``, not
 ``O(nnz)``: exact for every layout, fast where rows are intervals (causal,
 windows), which is what decode needs. Batch rows run under ``vmap``.
 """
@@ -116,9 +123,12 @@ def _blocked(x, bq, fill):
 
 def _block_args(rows: _Rows, pos, limit, ids, bq):
     """Row blocks of ``(pos, lo, hi, ids)``: each query's keys ``[lo, hi)``, its layout row's span
-    cut at ``limit`` (the key length, 0 for a padded query)."""
-    lo = jnp.asarray(rows.lo)[pos]
-    hi = jnp.minimum(limit, jnp.asarray(rows.hi)[pos])
+    cut at ``limit`` (the key length, 0 for a padded query). A query at ``pos = -1`` (outside the
+    layout) gets the empty range ``[0, 0)`` and reads row 0 (masked by that range)."""
+    inside = pos >= 0
+    pos = jnp.where(inside, pos, 0)
+    lo = jnp.where(inside, jnp.asarray(rows.lo)[pos], 0)
+    hi = jnp.where(inside, jnp.minimum(limit, jnp.asarray(rows.hi)[pos]), 0)
     out = (_blocked(pos, bq, 0), _blocked(lo, bq, 0), _blocked(hi, bq, 0))
     return (*out, None if ids is None else _blocked(ids, bq, 0))
 
@@ -131,19 +141,24 @@ def _walk(lo, hi):
     return first, (jnp.maximum(last - first, 0) + _CHUNK - 1) // _CHUNK
 
 
-def _chunk(rows, kf, vf, kid, blk, first, c):
+def _chunk(rows, kf, vf, keys, blk, first, c):
+    """Chunk ``c`` of a row block: ``(start, keys, values, keep [BQ, _CHUNK])``. ``keys``: the
+    batch row's key side ``(kid, kok)``, each padded like ``kf`` or None."""
     pos, lo, hi, ids = blk
+    kid, kok = keys
     start = first + c * _CHUNK
     cols = start + jnp.arange(_CHUNK, dtype=jnp.int32)
     keep = _member(rows, pos, cols) & (cols[None, :] >= lo[:, None]) & (cols[None, :] < hi[:, None])
     if ids is not None:
         keep &= ids[:, None] == jnp.take(kid, cols, mode="clip")[None, :]
+    if kok is not None:
+        keep &= jnp.take(kok, cols, mode="clip")[None, :]
     kc = lax.dynamic_slice_in_dim(kf, start, _CHUNK, axis=0)
     vc = lax.dynamic_slice_in_dim(vf, start, _CHUNK, axis=0)
     return start, kc, vc, keep
 
 
-def _fwd_one(rows, qs, kf, vf, pos, limit, ids, kid, soft_cap):
+def _fwd_one(rows, qs, kf, vf, pos, limit, ids, kid, kok, soft_cap):
     """One batch row: ``qs [Sq, Hk, G, D]`` (scaled), ``kf, vf [Skv + _CHUNK, Hk, D]`` (padded)."""
     sq, hk, g, d = qs.shape
     bq = min(_BLOCK_Q, -(-sq // 8) * 8)
@@ -154,7 +169,7 @@ def _fwd_one(rows, qs, kf, vf, pos, limit, ids, kid, soft_cap):
 
         def body(c, state):
             m, denom, acc = state
-            _, kc, vc, keep = _chunk(rows, kf, vf, kid, blk, first, c)
+            _, kc, vc, keep = _chunk(rows, kf, vf, (kid, kok), blk, first, c)
             s = capped(jnp.einsum("qhgd,khd->hgqk", q_blk, kc), soft_cap)[0]
             s = jnp.where(keep, s, _NEG_INF)
             m_new = jnp.maximum(m, s.max(axis=-1))
@@ -179,7 +194,7 @@ def _fwd_one(rows, qs, kf, vf, pos, limit, ids, kid, soft_cap):
     return out.reshape(-1, hk, g, d)[:sq], lse.reshape(-1, hk, g)[:sq]
 
 
-def _bwd_one(rows, qs, kf, vf, dof, lse, delta, pos, limit, ids, kid, soft_cap):
+def _bwd_one(rows, qs, kf, vf, dof, lse, delta, pos, limit, ids, kid, kok, soft_cap):
     """One batch row's ``(dq_s, dk, dv)`` (dq w.r.t. the scaled q; dk, dv padded like kf)."""
     sq, hk, g, d = qs.shape
     bq = min(_BLOCK_Q, -(-sq // 8) * 8)
@@ -199,7 +214,7 @@ def _bwd_one(rows, qs, kf, vf, dof, lse, delta, pos, limit, ids, kid, soft_cap):
 
         def body(c, state):
             dq, dk, dv = state
-            start, kc, vc, keep = _chunk(rows, kf, vf, kid, blk, first, c)
+            start, kc, vc, keep = _chunk(rows, kf, vf, (kid, kok), blk, first, c)
             s, t = capped(jnp.einsum("qhgd,khd->hgqk", q_blk, kc), soft_cap)
             p = jnp.where(keep, jnp.exp(jnp.minimum(s - lse_t, 0.0)), 0.0)
             dp = jnp.einsum("qhgd,khd->hgqk", do_blk, vc)
@@ -224,12 +239,22 @@ def _bwd_one(rows, qs, kf, vf, dof, lse, delta, pos, limit, ids, kid, soft_cap):
     return dq.reshape(-1, hk, g, d)[:sq], dk, dv
 
 
-def _prep(q, k, v, scale):
+def _seen(rt, skv, kv_ok):
+    """``[B, Skv]``: the keys a batch row may see (below ``kv_len``, and ``kv_ok`` where given)."""
+    seen = jnp.arange(skv)[None, :] < rt.kv_len[:, None]
+    return seen if kv_ok is None else seen & kv_ok
+
+
+def _prep(q, k, v, scale, seen):
+    """Scaled queries ``[B, Sq, Hk, G, D]``; keys and values in float32, zero where not ``seen``
+    and padded by a chunk (a chunk may start at any key below ``kv_len``)."""
     b, sq, h, d = q.shape
     hk = k.shape[2]
-    pad = ((0, 0), (0, _CHUNK), (0, 0), (0, 0))  # a chunk may start at any key below kv_len
+    pad = ((0, 0), (0, _CHUNK), (0, 0), (0, 0))
     qs = (q.astype(_F32) * scale).reshape(b, sq, hk, h // hk, d)
-    return qs, jnp.pad(k.astype(_F32), pad), jnp.pad(v.astype(_F32), pad)
+    keep = seen[:, :, None, None]
+    k, v = (jnp.pad(jnp.where(keep, x.astype(_F32), 0.0), pad) for x in (k, v))
+    return qs, k, v
 
 
 def _key_limit(rt, sq):
@@ -243,13 +268,23 @@ def _kid(rt):
     return None if rt.kv_ids is None else jnp.pad(rt.kv_ids, ((0, 0), (0, _CHUNK)))
 
 
-def attention_fwd(q, k, v, rt, layout: ACSR, scale: float, soft_cap=None):
-    """``(out, lse)`` as the backend contract says, rows at ``rt.q_pos``."""
+def _kok(kv_ok):
+    """``kv_ok`` padded like ``kf`` with False, or None."""
+    return None if kv_ok is None else jnp.pad(kv_ok, ((0, 0), (0, _CHUNK)))
+
+
+def attention_fwd(q, k, v, rt, layout: ACSR, scale: float, soft_cap=None, kv_ok=None):
+    """``(out, lse)`` as the backend contract says, rows at ``rt.q_pos``.
+
+    ``kv_ok``: bool ``[B, Skv]`` or None: keys where it is False are never seen (AND-ed with the
+    runtime mask's key side; the paged cache's keys on pages out of range).
+    """
     b, sq, h, d = q.shape
     rows = _rows(layout)
-    qs, kf, vf = _prep(q, k, v, scale)
+    qs, kf, vf = _prep(q, k, v, scale, _seen(rt, k.shape[1], kv_ok))
     one = functools.partial(_fwd_one, rows, soft_cap=soft_cap)
-    out, lse = jax.vmap(one)(qs, kf, vf, rt.q_pos, _key_limit(rt, sq), rt.q_ids, _kid(rt))
+    args = (rt.q_pos, _key_limit(rt, sq), rt.q_ids, _kid(rt), _kok(kv_ok))
+    out, lse = jax.vmap(one)(qs, kf, vf, *args)
     lse = jnp.moveaxis(lse.reshape(b, sq, h), 1, 2)
     return out.reshape(b, sq, h, d).astype(q.dtype), lse
 
@@ -259,13 +294,13 @@ def attention_bwd(q, k, v, rt, out, lse, dout, layout: ACSR, scale: float, soft_
     b, sq, h, d = q.shape
     skv, hk = k.shape[1], k.shape[2]
     rows = _rows(layout)
-    qs, kf, vf = _prep(q, k, v, scale)
+    qs, kf, vf = _prep(q, k, v, scale, _seen(rt, skv, None))
     dof = dout.astype(_F32).reshape(qs.shape)
     delta = jnp.einsum("bshd,bshd->bsh", dout.astype(_F32), out.astype(_F32)).reshape(b, sq, hk, h // hk)
     lse = jnp.moveaxis(lse.astype(_F32), 1, 2).reshape(b, sq, hk, h // hk)
     lse = jnp.where(lse == _NEG_INF, 0.0, lse)  # empty rows: every probability is masked anyway
     one = functools.partial(_bwd_one, rows, soft_cap=soft_cap)
     limit = _key_limit(rt, sq)
-    dq, dk, dv = jax.vmap(one)(qs, kf, vf, dof, lse, delta, rt.q_pos, limit, rt.q_ids, _kid(rt))
+    dq, dk, dv = jax.vmap(one)(qs, kf, vf, dof, lse, delta, rt.q_pos, limit, rt.q_ids, _kid(rt), None)
     dq = (dq * scale).reshape(b, sq, h, d).astype(q.dtype)
     return dq, dk[:, :skv].astype(k.dtype), dv[:, :skv].astype(v.dtype)

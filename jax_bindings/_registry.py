@@ -45,6 +45,7 @@ CONTRACT_OPS = (
     "softmax_bwd",
     "spmm",
     "spmm_bwd",
+    "attention_paged",
 )
 # Optional: a fused attention that JAX differentiates and batches itself (see the contract).
 DIFFERENTIABLE_ATTENTION = "attention"
@@ -231,7 +232,8 @@ def auto_order(op: str, layout: ACSR, head_dim: int | None, dtype) -> tuple[str,
     """The backends ``"auto"`` tries for ``op``, in order: those available here, :data:`FALLBACK` last.
 
     Args:
-      op: a dispatcher op ("attention", "attention_with_lse", "sddmm", "softmax", "spmm").
+      op: a dispatcher op ("attention", "attention_with_lse", "attention_paged", "sddmm", "softmax",
+        "spmm").
       layout: the call's mask layout.
       head_dim: ``D`` of the fused attention ops (None for the unfused ones).
       dtype: the inputs' dtype.

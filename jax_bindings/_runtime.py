@@ -8,7 +8,8 @@ sortedness test of the ids). Kernels AND it with the static mask: query ``i``
 of batch row ``b`` sees key ``j`` where
 
 * the static layout has ``(pos_i, j)``, with ``pos_i = q_pos[b, i]`` when
-  ``q_pos`` is given, else ``i``;
+  ``q_pos`` is given, else ``i``; ``pos_i = -1`` (a position outside the
+  layout) sees no key;
 * ``i < q_len[b]`` and ``j < kv_len[b]``;
 * ``q_ids[b, i] == kv_ids[b, j]`` when ids are given.
 
@@ -29,8 +30,9 @@ kv_len     ``[B]``      keys at or past it are never seen; in ``[0, Skv]``
 exact      ``[B]``      1 where both id arrays are non-decreasing (or there are no ids)
 q_ids      ``[B, Sq]``  segment id of each query, or None (no ids)
 kv_ids     ``[B, Skv]`` segment id of each key, or None
-q_pos      ``[B, Sq]``  the static layout's row for each query (``q_offset + i``,
-                        clipped to ``[0, layout rows)``), or None (row ``i``)
+q_pos      ``[B, Sq]``  the static layout's row for each query (``q_offset + i``), or None
+                        (row ``i``); -1: outside the layout, the query sees no key (output 0,
+                        lse ``-inf``, zero gradients); never another row, never clipped
 =========  ===========  =================================================================
 
 A :class:`RuntimeMask` is a pytree (a NamedTuple; absent fields are None), so
@@ -82,16 +84,19 @@ def build(
 
     Arguments are the checked arrays of :func:`splat.attention` (ints of any
     width; ``segment_ids [B, Sq]``, ``kv_segment_ids [B, Skv]`` (None: the same
-    as ``segment_ids``), lengths ``[B]``, ``q_offset [B]``). Out-of-range
-    values are clipped: lengths to ``[0, S]``, positions ``q_offset + i`` to
-    ``[0, layout_rows - 1]``. ``layout_rows``: rows of the static layout the
-    positions index (needed with ``q_offset``).
+    as ``segment_ids``), lengths ``[B]``, ``q_offset [B]``). Lengths are
+    clipped to ``[0, S]``; a position ``q_offset + i`` outside ``[0,
+    layout_rows)`` becomes -1: that query sees no key (it is not clipped to the
+    nearest row, whose mask is not its own). ``layout_rows``: rows of the static
+    layout the positions index (needed with ``q_offset``).
 
     Example:
       >>> import jax.numpy as jnp
       >>> rt = build(1, 5, 5, segment_ids=jnp.array([[0, 0, 1, 1, 1]]), query_seq_lengths=jnp.array([9]))
       >>> rt.q_len.tolist(), rt.kv_len.tolist(), rt.exact.tolist()
       ([5], [5], [1])
+      >>> build(1, 3, 8, q_offset=6, layout_rows=8).q_pos.tolist()   # the third query is past the layout
+      [[6, 7, -1]]
     """
     given = (segment_ids, kv_segment_ids, query_seq_lengths, key_value_seq_lengths, q_offset)
     if all(x is None for x in given):
@@ -112,5 +117,6 @@ def build(
         if layout_rows is None:
             raise ValueError("layout_rows is needed with q_offset")
         off = jnp.broadcast_to(jnp.asarray(q_offset).astype(_I32).reshape(-1), (batch,))
-        q_pos = jnp.clip(off[:, None] + jnp.arange(q_len, dtype=_I32)[None, :], 0, layout_rows - 1)
+        pos = off[:, None] + jnp.arange(q_len, dtype=_I32)[None, :]
+        q_pos = jnp.where((pos >= 0) & (pos < layout_rows), pos, -1)
     return RuntimeMask(qn, kn, exact, q_ids, kv_ids, q_pos)

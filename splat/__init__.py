@@ -19,6 +19,7 @@ from splat._analyzer import Report, analyze, report
 from splat._attention import attention, sddmm, softmax, spmm
 from splat._buckets import bucket_length, pad_to_bucket
 from splat._decorator import SparseAttentionFallbackWarning, sparse_attention
+from splat._kvcache import attention_with_kvcache, update_kvcache
 from splat._neighborhood_attention import neighborhood_attention
 from splat._sparsify import SparsifyWarning, sparsify
 
@@ -30,6 +31,7 @@ __all__ = [
     "SparsifyWarning",
     "analyze",
     "attention",
+    "attention_with_kvcache",
     "bucket_length",
     "flax",
     "masks",
@@ -41,5 +43,6 @@ __all__ = [
     "sparse_attention",
     "sparsify",
     "spmm",
+    "update_kvcache",
     "__version__",
 ]

@@ -163,7 +163,15 @@ def attention(
       q_offset: int ``[B]`` or a scalar: query row ``i`` sits at position
         ``q_offset + i`` of the key sequence for the static mask, which is then
         taken at shape ``(Skv, Skv)`` (decode against a KV cache, chunked
-        prefill). Positions are clipped to ``[0, Skv - 1]``.
+        prefill; :func:`splat.attention_with_kvcache` wraps this). A query
+        whose position falls outside ``[0, Skv)`` sees no key and outputs 0
+        (zero gradients); where ``q_offset`` is concrete (not traced) such a
+        position raises ``ValueError`` instead (``q_offset < 0`` or
+        ``q_offset + Sq > Skv``). Without ``q_offset`` query row ``i`` is
+        row ``i`` of the mask taken at ``(Sq, Skv)``: with ``Sq != Skv`` a
+        causal mask is top-left aligned (query ``i`` sees keys ``j <= i``),
+        not bottom-right as FlashAttention's; pass
+        ``q_offset = Skv - Sq`` for the bottom-right alignment.
       logits_soft_cap: a static positive number ``c``: scores
         ``z = scale * q . k`` become ``c * tanh(z / c)`` before masking
         (Gemma 2).

@@ -1,8 +1,11 @@
 """Checks of :func:`splat.attention`'s runtime mask arguments, and the mask they build.
 
-Values cannot be checked under ``jit``; shapes and dtypes can, and are, with
-errors that name the argument. Values are clipped as :mod:`jax_bindings._runtime`
-says (lengths to ``[0, S]``, positions to the static mask's rows).
+Shapes and dtypes are checked always, with errors that name the argument.
+Values are checked where they are concrete (not traced: outside ``jit``,
+``vmap`` and ``grad``): a ``q_offset`` placing a query outside the static
+mask's rows raises. Traced values cannot be checked; they get the rule of
+:mod:`jax_bindings._runtime`: lengths are clipped to ``[0, S]``, and a query
+whose position falls outside the static mask's rows sees no key (output 0).
 """
 
 from __future__ import annotations
@@ -36,6 +39,32 @@ def _int_array(name: str, x, shape: tuple[int, ...], form: str, *, ids: bool = F
     if tuple(x.shape) != shape:
         raise ValueError(f"{name} must have shape {form} = {shape}, got {tuple(x.shape)}")
     return jnp.asarray(x)
+
+
+def concrete(x) -> np.ndarray | None:
+    """The values of ``x`` as numpy where they are known now, None for a traced value."""
+    if x is None or isinstance(x, jax.core.Tracer):
+        return None
+    return np.asarray(x)
+
+
+def check_offset(q_offset, q_len: int, rows: int, *, name: str = "q_offset") -> None:
+    """A concrete ``q_offset`` ([B] or scalar) must keep the queries ``q_offset + [0, q_len)`` inside
+    ``[0, rows)``; a traced one is not checked (positions outside give rows that see no key)."""
+    off = concrete(q_offset)
+    if off is None:
+        return
+    off = off.astype(np.int64).reshape(-1)
+    if (off < 0).any():
+        i = int(np.argmax(off < 0))
+        raise ValueError(f"{name} must be >= 0, got {int(off[i])} (batch row {i})")
+    past = off + q_len > rows
+    if past.any():
+        i = int(np.argmax(past))
+        raise ValueError(
+            f"{name} + Sq must be at most {rows} (the static mask's rows; queries sit at positions "
+            f"{name} + [0, Sq)), got {name} = {int(off[i])} with Sq = {q_len} (batch row {i})"
+        )
 
 
 def positive_number(name: str, x) -> float:
@@ -90,6 +119,7 @@ def runtime_mask(
         shape = getattr(q_offset, "shape", ())
         want = tuple(shape) if tuple(shape) in ((), (batch,)) else (batch,)
         off = _int_array("q_offset", q_offset, want, "[B] (or a scalar)")
+        check_offset(q_offset, q_len, kv_len)
     return _runtime.build(
         batch,
         q_len,

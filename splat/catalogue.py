@@ -16,6 +16,8 @@ dict            what it holds
                 na2d / na3d: each mask exists only at its grid's S = prod(grid)
                 (16384 here), so ``splat bench`` runs it there, whatever ``--lengths``
 ``GRID_SMALL``  the ``GRID`` patterns on small grids, for tests
+``DECODE``      the masks of decoding against a KV cache (taken at the newest token's
+                position of a 32K cache); packed documents add segment ids to ``causal``
 ==============  ======================================================================
 
 ``named(name)`` looks a benchmark name up in ``BENCH``, ``GRID`` then
@@ -44,6 +46,7 @@ from splat.masks import Mask
 __all__ = [
     "BASELINES",
     "BENCH",
+    "DECODE",
     "GRID",
     "GRID_SMALL",
     "ODD",
@@ -63,6 +66,13 @@ BENCH: dict[str, Mask] = {
     "strided": masks.strided(64),
     "global_window": masks.global_tokens(4) | masks.sliding_window(256, 256),
     "sink_causal_window": masks.sink(4) | masks.sliding_window(1023, 0),
+}
+
+DECODE: dict[str, Mask] = {
+    "causal": masks.causal(),
+    "causal_window_4096": masks.sliding_window(4095, 0),
+    "sink_window_4096": masks.sink(4) | masks.sliding_window(4095, 0),
+    "dilated_causal": masks.dilated_window(2048, 2) & masks.causal(),
 }
 
 # Neighborhood attention on a 128 x 128 image grid and a 16 x 32 x 32 video grid (S = 16384 each).

@@ -20,8 +20,9 @@ def runtime_dense(static, b, sq, skv, *, ids=None, kv_ids=None, qlen=None, kvlen
     if offset is None:
         m = np.broadcast_to(static[:sq], (b, sq, skv)).copy()
     else:
-        pos = np.clip(np.asarray(offset).reshape(-1, 1) + np.arange(sq), 0, static.shape[0] - 1)
-        m = np.broadcast_to(static[pos], (b, sq, skv)).copy()
+        pos = np.asarray(offset).reshape(-1, 1) + np.arange(sq)
+        inside = (pos >= 0) & (pos < static.shape[0])  # a position outside the layout sees no key
+        m = np.broadcast_to(static[np.where(inside, pos, 0)] & inside[..., None], (b, sq, skv)).copy()
     if ids is not None:
         kv = ids if kv_ids is None else kv_ids
         m &= ids[:, :, None] == kv[:, None, :]

@@ -1,7 +1,8 @@
 """Runtime mask arguments of splat.attention (segment ids, lengths, q_offset, soft cap) vs float64.
 
 Each case builds the per-batch dense mask from the definitions in splat.attention's docstring --
-static mask at (q_offset + i, j), AND ids equal, AND i < query length, AND j < key length -- and
+static mask at (q_offset + i, j) (nothing where that position is outside the mask's rows), AND ids
+equal, AND i < query length, AND j < key length -- and
 checks the forward output and the gradients against tests/reference.runtime_ref.
 """
 
@@ -112,7 +113,7 @@ def test_lengths_are_clipped(rng, backend):
 
 @pytest.mark.parametrize("name", ["causal", "causal_window", "dilated", "global_window"])
 def test_chunked_prefill_with_offsets(rng, backend, name):
-    offset = np.array([0, 23, 64], np.int32)  # the last chunk runs past the end: clipped
+    offset = np.array([0, 23, 64], np.int32)  # the last chunk runs past the end: those rows see nothing
     _check(rng, backend, STATIC[name], 24, 80, offset=offset)
 
 
@@ -190,7 +191,9 @@ def test_runtime_mask_fields():
     assert rt.q_len.tolist() == [6, 4] and rt.kv_len.tolist() == [6, 6]
     assert rt.q_ids is rt.kv_ids and rt.q_pos is None
     rt = _runtime.build(1, 3, 8, q_offset=6, key_value_seq_lengths=jnp.array([-1]), layout_rows=8)
-    assert rt.q_pos.tolist() == [[6, 7, 7]] and rt.kv_len.tolist() == [0]
+    assert rt.q_pos.tolist() == [[6, 7, -1]] and rt.kv_len.tolist() == [0]  # -1: outside the layout
+    rt = _runtime.build(2, 3, 8, q_offset=jnp.array([-2, 5]), layout_rows=8)
+    assert rt.q_pos.tolist() == [[-1, -1, 0], [5, 6, 7]]
 
 
 # -- bad input ---------------------------------------------------------------------------------

@@ -5,9 +5,12 @@ masks that are one diagonal band in one of its forms (:func:`acsr.band_form`: de
 top-left or bottom-right aligned --, causal windows, sliding windows, bands off the diagonal;
 bands measured from blocks of rows, as block-local; bands in interleaved phases, as dilated
 windows and strided, folded into heads by :mod:`jax_bindings._cuda.phases`), head dim 128, bfloat16
-or float16, on a GPU of compute capability 9.0 (H100, H200). Everything else is refused with
-``NotImplementedError`` naming why, so ``backend="auto"`` moves on (to the Triton backend):
-other masks, head dims and dtypes, query offsets, soft-capping and the unfused ops. Runtime
+or float16, on a GPU of compute capability 9.0 (H100, H200). Queries at run-time positions
+(``q_offset``: decode and speculative decoding against a KV cache, contiguous or paged) run on
+the decode kernel (:mod:`jax_bindings._cuda.decode`) for every layout of segments. Everything else
+is refused with ``NotImplementedError`` naming why, so ``backend="auto"`` moves on (to the Triton
+backend): other masks, head dims and dtypes, longer query chunks at an offset, soft-capping outside
+decode and the unfused ops. Runtime
 masks of lengths and segment ids are taken on plain bands (:mod:`jax_bindings._cuda.runtime_tables`). The
 backward (:mod:`jax_bindings._cuda.bwd_source`, through :func:`run_backward`) is offered on the
 bands :func:`~jax_bindings._cuda.plan.offered_bwd_variant` names (dense, causal, windows of
@@ -39,6 +42,7 @@ from jax_bindings._cuda import (
     bwd_passes,
     bwd_source,
     compiler,
+    decode,
     grid_tiles,
     launch,
     phases,
@@ -145,7 +149,11 @@ def _grid_forward(q, k, v, layout: ACSR, scale: float, rt: str):
 
 def attention_fwd(q, k, v, runtime, layout: ACSR, scale: float, soft_cap=None):
     """``(out [B, Sq, H, D], lse [B, H, Sq] float32)`` from the generated forward kernel (a band
-    in phases on the arrays folded, :mod:`jax_bindings._cuda.phases`)."""
+    in phases on the arrays folded, :mod:`jax_bindings._cuda.phases`); queries at run-time
+    positions (``runtime.q_pos``: decode against a KV cache) from the decode kernel
+    (:mod:`jax_bindings._cuda.decode`)."""
+    if runtime is not None and runtime.q_pos is not None:
+        return decode.forward(q, k, v, runtime, layout, scale, soft_cap, _sm_count())
     rt = _runtime_kind(runtime, soft_cap)
     if layout.grid is not None:
         return _grid_forward(q, k, v, layout, scale, rt)
@@ -214,6 +222,13 @@ def attention_bwd(q, k, v, runtime, out, lse, dout, layout: ACSR, scale: float, 
     dq, dk, dv = run_backward(name, image, variant.smem, maps, q, k, v, out, lse, dout, scale, rt_arrays,
                               ordered=variant.ordered)
     return (phases.unfold(dq, d), phases.unfold(dk, d), phases.unfold(dv, d)) if d > 1 else (dq, dk, dv)
+
+
+def attention_paged(q, k_pages, v_pages, page_table, runtime, layout: ACSR, scale: float, soft_cap=None):
+    """``out [B, Sq, H, D]`` of the decode kernel over a paged KV cache (the contract's
+    ``attention_paged``)."""
+    return decode.forward(q, k_pages, v_pages, runtime, layout, scale, soft_cap, _sm_count(),
+                          page_table=page_table)[0]
 
 
 def _unfused(*args, **kwargs):

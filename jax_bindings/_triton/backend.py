@@ -294,6 +294,11 @@ def attention_bwd(q, k, v, runtime, out, lse, dout, layout: ACSR, scale: float, 
     return dq, dk.astype(kd), dv.astype(vd)
 
 
+def attention_paged(q, k_pages, v_pages, page_table, runtime, layout: ACSR, scale: float, soft_cap=None):
+    """Always refuses: the triton kernels read contiguous keys (``backend="auto"`` moves on)."""
+    raise NotImplementedError("the triton kernels take no paged KV cache")
+
+
 # -- unfused ops -------------------------------------------------------------------
 
 
