@@ -2,7 +2,8 @@
 
 The cases of ``tests/decode_cases.py`` (head dims 64-256, 1-16 tokens a row, GQA groups 1-32, one to
 three segments, contiguous caches and page pools with NaN pages nobody maps, one split and many, a
-token outside the cache and a padded token), plus segment ids with a soft cap, in bfloat16 and
+token outside the cache and a padded token), plus segment ids (sorted: the walk cut to each token's
+document; and any) with a soft cap, in bfloat16 and
 float16; each compiled as the backend compiles it (``jax_bindings._cuda.decode``) and launched with
 CuPy (JAX stays on the CPU, so no XLA kernel runs under the sanitizer). The splits are merged in
 NumPy as ``decode.merge_splits`` merges them, and every output is checked against the float64
@@ -70,6 +71,12 @@ def launch(x: dc.Inputs, layout, dtype: str, page: int, splits: int | None, soft
         out = cp.full((b, t, h, d), np.nan, NP[dtype])
         lse = cp.full((b, h, t), np.nan, np.float32)
     placeholder = np.zeros(1, np.int32)
+    id_keys = placeholder
+    if ids:  # each token's document where the row's ids are sorted (decode.document_keys), else all keys
+        lo = (x.kv_ids[:, None, :] < x.q_ids[:, :, None]).sum(-1)
+        hi = (x.kv_ids[:, None, :] <= x.q_ids[:, :, None]).sum(-1)
+        exact = (np.diff(x.q_ids, axis=1) >= 0).all(1) & (np.diff(x.kv_ids, axis=1) >= 0).all(1)
+        id_keys = np.where(exact[:, None, None], np.stack([lo, hi], -1), [0, dc.L]).astype(np.int32)
     args = [
         cp.asarray(a)
         for a in (
@@ -82,6 +89,7 @@ def launch(x: dc.Inputs, layout, dtype: str, page: int, splits: int | None, soft
             table,
             x.q_ids if ids else placeholder,
             x.kv_ids if ids else placeholder,
+            id_keys,
         )
     ]
     args += [
@@ -151,20 +159,21 @@ def main() -> int:
             )
             launched += 1
     rng = np.random.default_rng(0)
-    x = dc.inputs(rng, 4, 2, 8, 2, 128, masks.causal(), ids=True)
-    x = x._replace(
-        **{n: getattr(x, n).astype(ml_dtypes.bfloat16).astype(np.float32) for n in ("q", "k", "v")}
-    )
     layout = splat.analyze(masks.causal(), dc.L, dc.L)
-    for splits in (1, 4):
-        out, lse = launch(x, layout, "bfloat16", 0, splits, soft_cap=30.0)
-        check(
-            f"ids + soft cap, splits {splits}",
-            out,
-            lse,
-            *dc.reference(x.q, x.k, x.v, x.visible, 128**-0.5, soft_cap=30.0),
+    for ids in ("documents", "any"):
+        x = dc.inputs(rng, 4, 2, 8, 2, 128, masks.causal(), ids=ids)
+        x = x._replace(
+            **{n: getattr(x, n).astype(ml_dtypes.bfloat16).astype(np.float32) for n in ("q", "k", "v")}
         )
-        launched += 1
+        for splits in (1, 4):
+            out, lse = launch(x, layout, "bfloat16", 0, splits, soft_cap=30.0)
+            check(
+                f"ids ({ids}) + soft cap, splits {splits}",
+                out,
+                lse,
+                *dc.reference(x.q, x.k, x.v, x.visible, 128**-0.5, soft_cap=30.0),
+            )
+            launched += 1
     print(f"{launched} launches of decode kernel variants")
     return 0
 

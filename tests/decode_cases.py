@@ -57,9 +57,10 @@ class Inputs(NamedTuple):
     visible: np.ndarray  # [B, T, L] bool: what each token sees
 
 
-def inputs(rng, b, t, h, hk, d, mask, *, ids=False, odd_rows=True) -> Inputs:
+def inputs(rng, b, t, h, hk, d, mask, *, ids=None, odd_rows=True) -> Inputs:
     """One case's arrays: the tokens at each row's newest positions, row 0 full, row 1 (with
-    ``odd_rows``) with token 0 outside the cache and its last token padding."""
+    ``odd_rows``) with token 0 outside the cache and its last token padding. ``ids``:
+    ``"documents"`` (sorted ids, packed documents) or ``"any"`` (random ids in 0..2)."""
     q = rng.standard_normal((b, t, h, d)).astype(np.float32)
     k, v = (rng.standard_normal((b, L, hk, d)).astype(np.float32) for _ in range(2))
     kv_len = rng.integers(t + 1, L + 1, size=b).astype(np.int32)
@@ -78,10 +79,14 @@ def inputs(rng, b, t, h, hk, d, mask, *, ids=False, odd_rows=True) -> Inputs:
             if p >= 0 and ti < q_len[bi]:
                 vis[bi, ti] = dense[p] & (j < kv_len[bi])
     q_ids = kv_ids = None
-    if ids:
+    if ids == "documents":
         bounds = np.sort(rng.integers(0, L, size=(b, 3)), axis=1)
         kv_ids = (j[None, :, None] >= bounds[:, None, :]).sum(-1).astype(np.int32)
         q_ids = np.take_along_axis(kv_ids, np.maximum(q_pos, 0), axis=1)
+    elif ids == "any":
+        kv_ids = rng.integers(0, 3, size=(b, L)).astype(np.int32)
+        q_ids = rng.integers(0, 3, size=(b, t)).astype(np.int32)
+    if ids is not None:
         vis &= q_ids[:, :, None] == kv_ids[:, None, :]
     return Inputs(q, k, v, q_len, kv_len, q_pos, q_ids, kv_ids, vis)
 

@@ -34,10 +34,16 @@ from jax_bindings._cuda import decode  # noqa: E402
 
 
 def _runtime(x: dc.Inputs) -> RuntimeMask:
-    ids = (None, None) if x.q_ids is None else (jnp.asarray(x.q_ids), jnp.asarray(x.kv_ids))
     b = x.q.shape[0]
-    return RuntimeMask(jnp.asarray(x.q_len), jnp.asarray(x.kv_len), jnp.ones(b, jnp.int32), *ids,
-                       jnp.asarray(x.q_pos))
+    ids, exact = (None, None), np.ones(b, np.int32)
+    if x.q_ids is not None:
+        ids = (jnp.asarray(x.q_ids), jnp.asarray(x.kv_ids))
+        exact = ((np.diff(x.q_ids, axis=1) >= 0).all(1) & (np.diff(x.kv_ids, axis=1) >= 0).all(1)).astype(
+            np.int32
+        )
+    return RuntimeMask(
+        jnp.asarray(x.q_len), jnp.asarray(x.kv_len), jnp.asarray(exact), *ids, jnp.asarray(x.q_pos)
+    )
 
 
 def _check(out, lse, ref_out, ref_lse, dtype):
@@ -63,30 +69,44 @@ def test_decode_matches_the_float64_reference(case, dtype, rng):
     if page:
         kp, vp, table = dc.paged(rng, np.asarray(k, np.float32), np.asarray(v, np.float32), page)
         args = (q, jnp.asarray(kp, dtype), jnp.asarray(vp, dtype), jnp.asarray(table), rt)
-        fn = jax.jit(lambda q, kp, vp, table, rt: decode.forward(
-            q, kp, vp, rt, layout, scale, None, sms, page_table=table, splits=splits))
+        fn = jax.jit(
+            lambda q, kp, vp, table, rt: decode.forward(
+                q, kp, vp, rt, layout, scale, None, sms, page_table=table, splits=splits
+            )
+        )
     else:
         args = (q, k, v, rt)
         fn = jax.jit(lambda q, k, v, rt: decode.forward(q, k, v, rt, layout, scale, None, sms, splits=splits))
     out, lse = fn(*args)
-    ref_out, ref_lse = dc.reference(np.asarray(q, np.float32), np.asarray(k, np.float32),
-                                    np.asarray(v, np.float32), x.visible, scale)
+    ref_out, ref_lse = dc.reference(
+        np.asarray(q, np.float32), np.asarray(k, np.float32), np.asarray(v, np.float32), x.visible, scale
+    )
     assert out.dtype == q.dtype and out.shape == q.shape and lse.shape == (3, h, t)
     _check(out, lse, ref_out, ref_lse, dtype)
     again = fn(*args)
     assert (np.asarray(again[0]) == np.asarray(out)).all() and (np.asarray(again[1]) == np.asarray(lse)).all()
 
 
+@pytest.mark.parametrize("ids", ["documents", "any"])
 @pytest.mark.parametrize("splits", [None, 4])
-def test_segment_ids_and_soft_cap(splits, rng):
-    x = dc.inputs(rng, 4, 2, 8, 2, 128, masks.causal(), ids=True)
+def test_segment_ids_and_soft_cap(splits, ids, rng):
+    x = dc.inputs(rng, 4, 2, 8, 2, 128, masks.causal(), ids=ids)
     layout = splat.analyze(masks.causal(), dc.L, dc.L)
     q, k, v = (jnp.asarray(a, jnp.bfloat16) for a in (x.q, x.k, x.v))
-    fn = jax.jit(lambda q, k, v, rt: decode.forward(q, k, v, rt, layout, 128**-0.5, 30.0, cb._sm_count(),
-                                                     splits=splits))
+    fn = jax.jit(
+        lambda q, k, v, rt: decode.forward(
+            q, k, v, rt, layout, 128**-0.5, 30.0, cb._sm_count(), splits=splits
+        )
+    )
     out, lse = fn(q, k, v, _runtime(x))
-    ref_out, ref_lse = dc.reference(np.asarray(q, np.float32), np.asarray(k, np.float32),
-                                    np.asarray(v, np.float32), x.visible, 128**-0.5, soft_cap=30.0)
+    ref_out, ref_lse = dc.reference(
+        np.asarray(q, np.float32),
+        np.asarray(k, np.float32),
+        np.asarray(v, np.float32),
+        x.visible,
+        128**-0.5,
+        soft_cap=30.0,
+    )
     _check(out, lse, ref_out, ref_lse, jnp.bfloat16)
 
 
@@ -100,8 +120,9 @@ def test_public_decode_runs_the_kernel(page, rng):
     m = masks.sliding_window(255, 0)
     dense = splat.analyze(m, dc.L, dc.L).to_dense()
     vis = np.stack([dense[int(n) - 1] & (np.arange(dc.L) < int(n)) for n in lens])[:, None]
-    ref_out, ref_lse = dc.reference(np.asarray(q, np.float32), np.asarray(k, np.float32),
-                                    np.asarray(v, np.float32), vis, d**-0.5)
+    ref_out, ref_lse = dc.reference(
+        np.asarray(q, np.float32), np.asarray(k, np.float32), np.asarray(v, np.float32), vis, d**-0.5
+    )
     if page:
         kp, vp, table = dc.paged(rng, np.asarray(k, np.float32), np.asarray(v, np.float32), page)
         kp, vp, table = jnp.asarray(kp, jnp.bfloat16), jnp.asarray(vp, jnp.bfloat16), jnp.asarray(table)

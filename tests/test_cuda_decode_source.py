@@ -163,3 +163,23 @@ def test_kernel_files_are_package_data():
         "common/types.cuh",
     } <= set(names)
     assert all(parts.read(n) == t for n, t in parts._files())
+
+
+def test_document_keys_cut_sorted_rows_to_the_querys_document():
+    from jax_bindings._runtime import RuntimeMask
+
+    kv_ids = np.array(
+        [[0] * 5 + [1] * 7 + [2] * 4, [2, 0, 1, 1, 0, 2, 2, 1, 0, 0, 1, 2, 0, 1, 2, 0]], np.int32
+    )
+    q_ids = np.array([[1, 2], [1, 0]], np.int32)
+    exact = np.array([1, 0], np.int32)
+    rt = RuntimeMask(
+        jnp.ones(2, jnp.int32),
+        jnp.full(2, 16, jnp.int32),
+        jnp.asarray(exact),
+        jnp.asarray(q_ids),
+        jnp.asarray(kv_ids),
+        jnp.zeros((2, 2), jnp.int32),
+    )
+    keys = np.asarray(decode.document_keys(rt, 16))
+    assert keys.tolist() == [[[5, 12], [12, 16]], [[0, 16], [0, 16]]]  # unsorted row: every key, ids tested

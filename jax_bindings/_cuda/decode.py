@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from acsr import ACSR
-from jax_bindings._cuda import compiler, launch, parts
+from jax_bindings._cuda import compiler, launch, parts, runtime_tables
 
 MAX_TOKENS = 32  # query tokens of a batch row: one lane of warp 0 plans each
 ELEMENT_TYPES = {"bfloat16": "Bf16", "float16": "Fp16"}
@@ -212,6 +212,16 @@ def merge_splits(o_part: jax.Array, lse_part: jax.Array, dtype) -> tuple[jax.Arr
     return out, jnp.moveaxis(lse, 1, 2)
 
 
+def document_keys(runtime, length: int) -> jax.Array:
+    """int32 ``[B, T, 2]``: the keys ``[lo, hi)`` each query's segment id may see: where a batch
+    row's ids are sorted (``runtime.exact``, packed documents) its document's run of keys, counted
+    as the keys whose id is below, and at most, the query's (``runtime_tables``' two-level count);
+    elsewhere ``[0, length)``, the ids then tested key by key."""
+    runs = runtime_tables._runs(runtime.kv_ids.astype(jnp.int32), runtime.q_ids.astype(jnp.int32))
+    sorted_rows = runtime.exact.astype(bool)[:, None, None]
+    return jnp.where(sorted_rows, runs, jnp.array([0, length], jnp.int32)).astype(jnp.int32)
+
+
 def launch_grid(splits: int, heads: int, row_blocks: int) -> tuple[int, int, int]:
     """CTAs: x the split, y the (batch, KV head), z the row block (the kernel's blockIdx reading)."""
     return splits, heads, row_blocks
@@ -281,6 +291,7 @@ def forward(
     table = page_table.astype(jnp.int32) if paged else _placeholder()
     q_ids = runtime.q_ids.astype(jnp.int32) if ids else _placeholder()
     kv_ids = runtime.kv_ids.astype(jnp.int32) if ids else _placeholder()
+    id_keys = document_keys(runtime, L) if ids else _placeholder()
     dt = jnp.dtype(q.dtype).name
     if splits > 1:
         outs = (((b, sq, h, splits, d), "float32"), ((b, sq, h, splits), "float32"))
@@ -305,7 +316,7 @@ def forward(
         cc=90,
     )
     out, lse = launch.run(
-        spec, q, k.astype(q.dtype), v.astype(q.dtype), q_pos, kv_len, rows, table, q_ids, kv_ids
+        spec, q, k.astype(q.dtype), v.astype(q.dtype), q_pos, kv_len, rows, table, q_ids, kv_ids, id_keys
     )
     if splits > 1:
         return merge_splits(out, lse, q.dtype)

@@ -18,7 +18,8 @@
 // Grid: (splits, B * Hk, row blocks). Parameters, in jaxlib's order (inputs, scalars, outputs):
 //   q [B, TOKENS, H, D], k, v (kv_rows.cuh), q_pos [B, TOKENS] (-1: the token sees nothing),
 //   kv_len [B], seg_rows [SEGMENTS, 3, L], page_table [B, max_pages], q_ids [B, TOKENS],
-//   kv_ids [B, L] (unused ones are 1-element placeholders);
+//   kv_ids [B, L], id_keys [B, TOKENS, 2] (the keys [lo, hi) a token's id may see: its document
+//   where the ids are sorted, else [0, L)) (unused ones are 1-element placeholders);
 //   L (layout rows = logical cache length), H, Hk, max_pages, pages, scale * log2(e), scale;
 //   SPLIT: out_part f32 [B, TOKENS, H, splits, D], lse_part f32 [B, TOKENS, H, splits];
 //   else:  out [B, TOKENS, H, D] (the element type), lse f32 [B, H, TOKENS].
@@ -54,7 +55,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) SPLAT_KERNEL_NAME(
     const uint16_t* __restrict__ q, const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
     const int* __restrict__ q_pos, const int* __restrict__ kv_len, const int* __restrict__ seg_rows,
     const int* __restrict__ page_table, const int* __restrict__ q_ids, const int* __restrict__ kv_ids,
-    int L, int H, int Hk, int max_pages, int pages, float scale_log2, float scale,
+    const int* __restrict__ id_keys, int L, int H, int Hk, int max_pages, int pages, float scale_log2, float scale,
     void* __restrict__ out, float* __restrict__ lse) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
   Shared& sh = *reinterpret_cast<Shared*>(smem_raw);
@@ -75,9 +76,14 @@ extern "C" __global__ void __launch_bounds__(THREADS) SPLAT_KERNEL_NAME(
   cp_async_commit();
 
   if (warp == 0) {
-    const int len = min(max(kv_len[b], 0), L);
-    const int pos = lane < TOKENS ? q_pos[b * TOKENS + lane] : -1;
-    const KeyWalk<SEGMENTS> w = plan_walk<SEGMENTS, TOKENS, BLOCK_N>(seg_rows, L, pos, len, sh.rows);
+    const int t = min(lane, TOKENS - 1);
+    const int pos = lane < TOKENS ? q_pos[b * TOKENS + t] : -1;
+    int lo = 0, hi = min(max(kv_len[b], 0), L);
+    if constexpr (IDS) {
+      lo = max(lo, id_keys[2 * (b * TOKENS + t)]);
+      hi = min(hi, id_keys[2 * (b * TOKENS + t) + 1]);
+    }
+    const KeyWalk<SEGMENTS> w = plan_walk<SEGMENTS, TOKENS, BLOCK_N>(seg_rows, L, pos, lo, hi, sh.rows);
     if (IDS && lane < TOKENS) sh.q_ids[lane] = q_ids[b * TOKENS + lane];
     if (lane == 0) sh.walk = w;
   }
@@ -86,17 +92,20 @@ extern "C" __global__ void __launch_bounds__(THREADS) SPLAT_KERNEL_NAME(
   const int t_begin = static_cast<int>(static_cast<int64_t>(walk.tiles) * split / splits);
   const int t_end = static_cast<int>(static_cast<int64_t>(walk.tiles) * (split + 1) / splits);
 
-  // K, V (and key ids) of tile t into stage `slot`: all of a thread's row offsets first (a paged
-  // cache's are loads), then the copies; keys past the tile's end and in pages outside the pool
-  // are zero-filled (and masked in the step)
-  auto issue = [&](int t, int slot) {
+  // A thread's row offsets of tile t (a paged cache's are loads, taken an iteration before their
+  // copies are issued, so that the page table's latency hides behind a tile's work); -1: no row
+  auto offsets = [&](int t, int64_t (&at)[LOADS]) {
     const Tile tile = locate<SEGMENTS, BLOCK_N>(walk, t);
-    int64_t at[LOADS];
 #pragma unroll
     for (int i = 0; i < LOADS; ++i) {
       const int u = (tid + i * THREADS) / CHUNKS;
-      at[i] = u < tile.n ? kv.offset(b, tile.first + tile.step * u, hk) : -1;
+      at[i] = t < t_end && u < tile.n ? kv.offset(b, tile.first + tile.step * u, hk) : -1;
     }
+  };
+  // K, V (and key ids) of tile t into stage `slot`; keys past the tile's end and in pages outside
+  // the pool are zero-filled (and masked in the step)
+  auto issue = [&](int t, int slot, const int64_t (&at)[LOADS]) {
+    const Tile tile = locate<SEGMENTS, BLOCK_N>(walk, t);
 #pragma unroll
     for (int i = 0; i < LOADS; ++i) {
       const int c = tid + i * THREADS, u = c / CHUNKS, x = (c % CHUNKS) * 8;
@@ -117,17 +126,23 @@ extern "C" __global__ void __launch_bounds__(THREADS) SPLAT_KERNEL_NAME(
   const RowTokens rt = row_tokens(row0, wm, lane);
   WarpAccum acc;
   acc.init();
+  int64_t next[LOADS];  // the offsets of the next tile to issue
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (t_begin + s < t_end) issue(t_begin + s, s);
+    offsets(t_begin + s, next);
+    if (t_begin + s < t_end) issue(t_begin + s, s, next);
     cp_async_commit();
   }
+  offsets(t_begin + STAGES - 1, next);
   const uint32_t q_addr = smem_u32(sh.q) + q_lane_offset(wm, lane);
   for (int t = t_begin; t < t_end; ++t) {
     const int slot = (t - t_begin) % STAGES;
     cp_async_wait<STAGES - 2>();
     __syncthreads();  // tile t has landed for every thread, and every warp is done with tile t - 1
-    if (t + STAGES - 1 < t_end) issue(t + STAGES - 1, (t - t_begin + STAGES - 1) % STAGES);
+    if (t + STAGES - 1 < t_end) {
+      issue(t + STAGES - 1, (t - t_begin + STAGES - 1) % STAGES, next);
+      offsets(t + STAGES, next);
+    }
     cp_async_commit();
     const Tile tile = locate<SEGMENTS, BLOCK_N>(walk, t);
     SegmentRow rr[2];

@@ -33,13 +33,17 @@ struct Tile {
   int k, first, step, n, lattice;
 };
 
-__device__ __forceinline__ SegmentRow segment_row(const int* seg_rows, int L, int k, int pos, int kv_len) {
+// Token at `pos`'s progression in segment k, cut to the keys [lo, hi) it may see (its key length;
+// with sorted segment ids, its document), its first key moved onto the progression.
+__device__ __forceinline__ SegmentRow segment_row(const int* seg_rows, int L, int k, int pos, int lo, int hi) {
   SegmentRow r = {0, 0, 1};
   if (pos < 0 || pos >= L) return r;
   const int* s = seg_rows + static_cast<int64_t>(k) * 3 * L;
-  const int base = s[pos], stride = s[L + pos], count = s[2 * L + pos];
-  const int end = min(count > 0 ? base + stride * (count - 1) + 1 : base, kv_len);
-  if (end > base) r = {base, end, max(stride, 1)};
+  const int stride = max(s[L + pos], 1), count = s[2 * L + pos];
+  int base = s[pos];
+  const int end = min(count > 0 ? base + stride * (count - 1) + 1 : base, hi);
+  if (lo > base) base += (lo - base + stride - 1) / stride * stride;
+  if (end > base) r = {base, end, stride};
   return r;
 }
 
@@ -54,16 +58,17 @@ __device__ __forceinline__ int warp_max(int x) {
   return x;
 }
 
-// Run by one whole warp: lane t < TOKENS is token t at position pos (-1: none). Writes each
-// token's rows to rows[t * SEGMENTS + k] and returns the walk (the same in every lane).
+// Run by one whole warp: lane t < TOKENS is token t at position pos (-1: none), seeing keys in
+// [lo, hi) at most. Writes each token's rows to rows[t * SEGMENTS + k] and returns the walk (the
+// same in every lane).
 template <int SEGMENTS, int TOKENS, int BLOCK_N>
-__device__ KeyWalk<SEGMENTS> plan_walk(const int* seg_rows, int L, int pos, int kv_len, SegmentRow* rows) {
+__device__ KeyWalk<SEGMENTS> plan_walk(const int* seg_rows, int L, int pos, int lo, int hi, SegmentRow* rows) {
   const int lane = threadIdx.x & 31;
   KeyWalk<SEGMENTS> w;
   w.tiles = 0;
 #pragma unroll
   for (int k = 0; k < SEGMENTS; ++k) {
-    const SegmentRow r = lane < TOKENS ? segment_row(seg_rows, L, k, pos, kv_len) : SegmentRow{0, 0, 1};
+    const SegmentRow r = lane < TOKENS ? segment_row(seg_rows, L, k, pos, lo, hi) : SegmentRow{0, 0, 1};
     if (lane < TOKENS) rows[lane * SEGMENTS + k] = r;
     const bool has = r.end > r.base;
     const int lo = warp_min(has ? r.base : 0x7fffffff);
