@@ -799,14 +799,6 @@ def _prep_splat_prefill(case: Case, x: Inputs, ctx: Context) -> list[Run]:
 # --- FlashAttention-3 ---------------------------------------------------------------------------
 
 
-def _takes_keyword(fn: Callable, name: str) -> bool:
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # no signature to read
-        return False
-    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-
-
 def _keyword_default(fn: Callable, name: str):
     try:
         p = inspect.signature(fn).parameters.get(name)
@@ -833,7 +825,9 @@ def fa3_splits(fn: Callable, wanted: Sequence[int]) -> list[tuple[int | None, bo
     The default is read from the signature (0.2.3: 1, and it rejects 0); a default of 0 or None
     (FA3's own heuristic) is called as such. Without a ``num_splits`` keyword: the default alone.
     """
-    if not _takes_keyword(fn, "num_splits"):
+    from splat.tools.peers import takes_keyword
+
+    if not takes_keyword(fn, "num_splits"):
         return [(None, True)]
     default = _keyword_default(fn, "num_splits")
     out = [(default, True)]
@@ -852,24 +846,24 @@ def _prep_flash_attn3(case: Case, x: Inputs, ctx: Context) -> list[Run]:
         raise PeerUnavailable(f"FlashAttention-3 runs head dim {_peers.FLASH_ATTN3_HEAD_DIMS} only")
     if not case.band:
         raise PeerUnavailable(f"FlashAttention-3 takes causal and causal-window masks, not {case.mask_expr}")
-    if not _takes_keyword(fn, "cache_seqlens"):
+    if not _peers.takes_keyword(fn, "cache_seqlens"):
         raise PeerUnavailable("this flash_mha_with_kvcache takes no cache_seqlens")
     kw: dict = {"is_causal": True}
     if case.window is not None:
-        if not _takes_keyword(fn, "window_size"):
+        if not _peers.takes_keyword(fn, "window_size"):
             raise PeerUnavailable("this flash_mha_with_kvcache takes no window_size")
         kw["window_size"] = (case.window, 0)
-    if _takes_keyword(fn, "softmax_scale"):
+    if _peers.takes_keyword(fn, "softmax_scale"):
         kw["softmax_scale"] = case.head_dim**-0.5
     # arrays after (q, k_cache, v_cache, cache_seqlens), passed as arguments of the chained program
     extra_names: tuple[str, ...] = ()
     args = (x.q, x.k, x.v, x.lens)
     if case.page_size is not None:
-        if not _takes_keyword(fn, "page_table"):
+        if not _peers.takes_keyword(fn, "page_table"):
             raise PeerUnavailable("this flash_mha_with_kvcache takes no page_table")
         extra_names, args = ("page_table",), (x.q, x.pool_k, x.pool_v, x.lens, x.page_table)
     if case.segments is not None:
-        if not _takes_keyword(fn, "cache_leftpad"):
+        if not _peers.takes_keyword(fn, "cache_leftpad"):
             raise PeerUnavailable("documents need cache_leftpad (the query's document start); none here")
         import jax.numpy as jnp
 

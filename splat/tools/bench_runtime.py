@@ -489,7 +489,7 @@ def _prep_flash_attn3(w: Workload) -> Prepared:
     kw["softmax_scale"] = d**-0.5
     if w.packings is None:
         if w.soft_cap is not None:
-            if not _peers._takes_keyword(fa3.flash_mha, "softcap"):
+            if not _peers.takes_keyword(fa3.flash_mha, "softcap"):
                 raise PeerUnavailable("this flash_attn3_jax.flash_mha takes no softcap")
             kw["softcap"] = w.soft_cap
 

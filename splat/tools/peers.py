@@ -400,7 +400,8 @@ def _hopper() -> bool:
     return cc is not None and str(cc).split(".")[0] == "9"
 
 
-def _takes_keyword(fn: Callable, name: str) -> bool:
+def takes_keyword(fn: Callable, name: str) -> bool:
+    """Whether ``fn`` accepts keyword ``name`` (a peer's signature differs across its versions)."""
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):  # no signature to read (a C extension, some wrappers)
@@ -424,7 +425,7 @@ def _prep_flash_attn3(problem: Problem) -> Prepared:
     kw = flash_attn3_arguments(problem.layout)
     if kw is None:
         raise PeerUnavailable("FlashAttention-3 takes only full, causal and (left, right) window masks")
-    if _takes_keyword(fa3.flash_mha, "softmax_scale"):  # its default is the same 1/sqrt(D)
+    if takes_keyword(fa3.flash_mha, "softmax_scale"):  # its default is the same 1/sqrt(D)
         kw = {**kw, "softmax_scale": head_dim**-0.5}
 
     def attn(q, k, v):
