@@ -12,6 +12,11 @@
   into heads, so that it runs as a band;
 * :mod:`~jax_bindings._cuda.runtime_tables`: a runtime mask (lengths, segment ids) as the
   kernels read it, built in JAX;
+* :mod:`~jax_bindings._cuda.parts`: kernels kept as CUDA source files under ``kernels/``
+  (``common/`` parts any kernel may include, ``decode/`` the decode kernel and its parts), composed
+  by ``#include`` with one generated header of a variant's constants;
+* :mod:`~jax_bindings._cuda.decode`: decode against a KV cache (queries at run-time positions,
+  contiguous or paged caches): the variant, its tile, the split plan and the merge of the splits;
 * :mod:`~jax_bindings._cuda.backend`: the backend contract (imports only where a Hopper GPU,
   a compiler and the driver's tensor maps are present).
 
