@@ -6,7 +6,7 @@ broadcast_dropout=..., deterministic=..., dtype=..., precision=..., module=...,
 is_causal=...)`` with layout ``[batch..., length, heads, head_dim]``. The
 function returned here accepts exactly that, folds the batch axes into one and
 calls :func:`splat.attention`. Flax itself is imported only for the fallback
-(``pip install splat[flax]``).
+(``pip install "splat-attention[flax]"``).
 
 Decode (``MultiHeadAttention(decode=True)``, one token a call against the KV
 cache): Flax passes the new token's query ``[batch..., 1, heads, head_dim]``,

@@ -838,3 +838,147 @@ def test_profile_timeline_sums_each_kernel_and_gap_per_call(monkeypatch):
                               "splat_bwd -> Memset 3": 0.5, "Memset 3 -> splat_fwd": 1}
     with pytest.raises(ValueError, match="3 or more calls"):
         mod.round_summary([{"name": n, "ts": t, "dur": d} for n, t, d in events[:9]], calls=2)
+
+
+# --- what a run says: skips, the FLOP formula, the mask expression, the plot -------------------------
+
+
+def _crashes(problem):
+    raise RuntimeError("boom")
+
+
+@pytest.fixture(scope="module")
+def skipping_result():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(PEERS, "crashes", Peer("crashes", "raises", _crashes))
+        mp.setitem(PEERS, "unavailable", Peer("unavailable", "never runs", _unavailable))
+        cfg = bench.BenchConfig(
+            patterns=("window", "dilated"),
+            lengths=(32,),
+            heads=1,
+            head_dim=8,
+            mode="both",
+            peers=("splat", "splat_triton", "crashes", "unavailable"),
+            warmup=0,
+            repeats=1,
+        )
+        lines = []
+        return bench.run_bench(cfg, TINY, log=lines.append), "\n".join(lines)
+
+
+@pytest.mark.skipif(bench.backend_unavailable("triton") is None, reason="the triton backend runs here")
+def test_a_splat_backend_this_machine_lacks_is_a_skip_said_once(skipping_result):
+    """On a CPU, ``splat_triton`` is skipped with the backend's reason, not as an error, and the
+    output says so once (the report's ``skipped`` list), not once as it happens and again there."""
+    result, printed = skipping_result
+    reason = f"splat backend 'triton' cannot run here: {bench.backend_unavailable('triton')}"
+    assert {s["reason"] for s in result["skipped"] if s["impl"] == "splat_triton"} == {reason}
+    assert len([s for s in result["skipped"] if s["impl"] == "splat_triton"]) == 4  # 2 patterns x 2 modes
+    assert printed.count(reason) == 1 and "BackendUnavailableError" not in printed
+    assert printed.count("not here") == 1  # any peer that cannot run here: once
+
+
+def test_a_crashing_peer_is_said_as_it_happens_and_listed(skipping_result):
+    result, printed = skipping_result
+    assert {s["reason"] for s in result["skipped"] if s["impl"] == "crashes"} == {"error: RuntimeError: boom"}
+    assert "crashes failed, skipped: error: RuntimeError: boom (window, S=32, fwd)" in printed
+    assert printed.count("error: RuntimeError: boom") == 2  # when it happened, and in the skipped list
+    assert [x["impl"] for x in result["results"]] == ["splat"] * 4
+
+
+def test_flop_formula_says_only_what_ran(skipping_result):
+    assert bench.flop_formula(("fwd", "fwdbwd")) == bench.FLOP_FORMULA == skipping_result[0]["flop_formula"]
+    fwd = bench.flop_formula(("fwd",))
+    assert "4*B*H*nnz*D" in fwd and "backward" not in fwd
+    assert "3.5" in bench.flop_formula(("fwdbwd",)) and "forward+backward" in bench.flop_formula(("fwdbwd",))
+    cfg = bench.BenchConfig(
+        patterns=("window",), lengths=(32,), heads=1, head_dim=8, peers=("splat",), warmup=0, repeats=1
+    )
+    lines = []
+    result = bench.run_bench(cfg, TINY, log=lines.append)
+    assert result["flop_formula"] == fwd and "backward" not in "\n".join(lines).split("x splat")[0]
+
+
+@pytest.mark.parametrize(
+    "name,mask",
+    [(n, catalogue.named(n)) for n in catalogue.names()]
+    + [(n, m) for n, m in {**catalogue.SMALL, **catalogue.DECODE, **catalogue.GRID_SMALL}.items()],
+)
+def test_to_expression_reads_back_as_the_same_mask(name, mask):
+    expr = bench.to_expression(mask)
+    assert expr is not None and masks.parse(expr) == mask, (name, expr)
+
+
+def test_to_expression_examples():
+    assert bench.to_expression(catalogue.named("causal_window")) == "sliding_window(1023, 0)"
+    assert bench.to_expression(masks.block_local(8)) == "block_local(8)"  # defaults left out
+    mixed = masks.causal() & (masks.strided(4) | masks.sink(2, causal=False))
+    assert bench.to_expression(mixed) == "causal() & (strided(4) | sink(2, causal=False))"
+    assert bench.to_expression(masks.from_fn(lambda i, j: i >= j)) is None
+    assert bench.to_expression(masks.from_array(np.eye(4, dtype=bool))) is None
+
+
+def test_rows_carry_the_mask_expression(bench_result):
+    result, _ = bench_result
+    want = {"window": "sliding_window(5, 3)", "dilated": "dilated_window(12, 3)"}
+    assert {x["pattern"]: x["expression"] for x in result["results"]} == want
+    assert all(s["expression"] == want[s["pattern"]] for s in result["skipped"])
+
+
+def _plot_rows(modes, names=("causal_window", "sink_causal_window", "strided")):
+    rows = []
+    for mode in modes:
+        for n in names:
+            expr = bench.to_expression(catalogue.named(n))
+            for impl, ms in (("splat", 1.0), ("dense_xla", 3.0), ("flex", 2.0)):
+                row = {"pattern": n, "expression": expr, "S": 4096, "mode": mode, "impl": impl}
+                rows.append({**row, "ms": ms, "tflops": 1 / ms, "vs_splat": ms})
+    return {"results": rows, "environment": {"device": "cpu"}, "flop_formula": bench.flop_formula(modes)}
+
+
+@pytest.mark.parametrize(
+    "modes,ran",
+    [
+        (("fwd",), "forward on cpu"),
+        (("fwdbwd",), "forward+backward on cpu"),
+        (("fwd", "fwdbwd"), "forward and forward+backward on cpu"),
+    ],
+)
+def test_bench_plot_title_says_what_ran(modes, ran):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from splat.tools.plot import bench_figure
+
+    fig = bench_figure(_plot_rows(modes))
+    title = fig._suptitle.get_text()
+    assert title.startswith(ran)
+    assert ("backward" in title) == ("fwdbwd" in modes)  # a forward-only run says nothing of it
+    names = {"fwd": "forward:", "fwdbwd": "forward+backward:"}
+    assert [ax.get_title().split(" ")[0] for ax in fig.axes] == [names[m] for m in modes for _ in (0, 1)]
+    plt.close(fig)
+
+
+def test_bench_plot_labels_name_the_mask_expression():
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from splat.tools.plot import bench_figure, bench_label
+
+    fig = bench_figure(_plot_rows(("fwd",)))
+    fig.canvas.draw()
+    ticks = fig.axes[0].get_xticklabels()
+    labels = [" ".join(t.get_text().split("\n")) for t in ticks]
+    assert labels == [
+        "causal_window: sliding_window(1023, 0) S=4096",
+        "sink_causal_window: sink(4) | sliding_window(1023, 0) S=4096",
+        "strided: strided(64) S=4096",
+    ]
+    boxes = [t.get_window_extent() for t in ticks]  # side by side, none over its neighbour
+    assert all(a.x1 < b.x0 for a, b in zip(boxes, boxes[1:], strict=False))
+    plt.close(fig)
+    # the expression alone where both do not fit; a typed expression as typed; no expression: the name
+    long = "neighborhood((128, 128), (15, 15), stride=(1, 1), dilation=(1, 1), is_causal=(False, False))"
+    assert not bench_label("neighborhood_2d", long, 24).startswith("neighborhood_2d:")
+    assert bench_label("causal() & strided(4)", "causal() & strided(4)", 40) == "causal() & strided(4)"
+    assert bench_label("random", None, 40) == "random"

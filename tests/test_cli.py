@@ -16,7 +16,7 @@ import pytest
 
 import jax_bindings
 from splat import masks
-from splat.tools.cli import build_parser, load_mask, main, version
+from splat.tools.cli import OUTPUT_FLAGS, build_parser, load_mask, main, version
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -110,6 +110,7 @@ def test_argument_errors_exit_2(argv, capsys):
 
 def test_analyze_plot(tmp_path, capsys):
     pytest.importorskip("matplotlib")
+    (tmp_path / "sub").mkdir()
     path = tmp_path / "sub" / "mask.png"
     assert main(["analyze", "dilated_window(12, 3) | sink(2)", "--q-len", "200", "--plot", str(path)]) == 0
     assert path.read_bytes()[:8] == PNG_MAGIC
@@ -128,7 +129,137 @@ def test_plot_without_matplotlib_is_a_clear_error(monkeypatch, tmp_path, capsys)
 
     monkeypatch.setattr(builtins, "__import__", fake_import)
     assert main(["analyze", "causal()", "--q-len", "32", "--plot", str(tmp_path / "x.png")]) == 2
-    assert "needs matplotlib" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "needs matplotlib" in err
+    # the distribution's name, which works for a wheel install too (not a clone's `-e .`)
+    assert 'pip install "splat-attention[plot]"' in err and "pip install -e" not in err
+
+
+def test_no_runtime_hint_says_pip_install_dash_e():
+    """``pip install -e`` works in a clone only: what the installed packages tell a user must not say it."""
+    found = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for package in ("splat", "acsr", "jax_bindings")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if "pip install -e" in line
+    ]
+    assert not found, found
+
+
+# --- output paths: the folder must exist -----------------------------------------------------------
+
+# A command line per command, and what it would start (replaced below by a trap: no work may begin).
+_COMMANDS = {
+    "analyze": (["analyze", "causal()", "--q-len", "16"], "splat.tools.cli.load_mask"),
+    "bench": (["bench", "--patterns", "causal()", "--lengths", "16"], "splat.tools.bench.run_bench"),
+    "bench-runtime": (["bench-runtime", "--quick"], "splat.tools.bench_runtime.run_runtime_bench"),
+    "tune": (["tune", "--patterns", "causal", "--lengths", "64"], "splat.tools.tune.main"),
+}
+
+
+def _trap(*args, **kwargs):
+    raise AssertionError("the command started its work before checking its output paths")
+
+
+def test_every_output_flag_is_checked():
+    """Every option that names a file to write (metavar JSON or PNG) is one the CLI checks."""
+    commands = build_parser()._subparsers._group_actions[0].choices
+    for command, sub in commands.items():
+        files = {a.option_strings[0] for a in sub._actions if a.metavar in ("JSON", "PNG")}
+        assert files == set(OUTPUT_FLAGS.get(command, ())), command
+    assert set(OUTPUT_FLAGS) == set(_COMMANDS)
+
+
+@pytest.mark.parametrize("command,flag", [(c, f) for c, flags in OUTPUT_FLAGS.items() for f in flags])
+def test_output_in_a_missing_folder_is_refused_before_any_work(command, flag, tmp_path, monkeypatch, capsys):
+    argv, work = _COMMANDS[command]
+    monkeypatch.setattr(work, _trap)
+    if command == "tune":  # where triton cannot run, tune would refuse for that reason first
+        monkeypatch.setattr("jax_bindings._registry.unavailable", _trap)
+    folder = tmp_path / "missing" / "dir"
+    path = folder / "x.png"
+    assert main([*argv, flag, str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"splat {command}: error: {flag} {path}: "), err
+    assert f"folder {folder} does not exist" in err
+    assert not (tmp_path / "missing").exists()  # nothing made
+
+
+def test_output_path_that_is_a_folder_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("splat.tools.cli.load_mask", _trap)
+    assert main(["analyze", "causal()", "--plot", str(tmp_path)]) == 2
+    assert f"--plot {tmp_path} is a folder" in capsys.readouterr().err
+
+
+# --- a closed standard output ----------------------------------------------------------------------
+
+# Runs the CLI with a stdout that, once the CLI's first line is out, waits for the parent to close its
+# end of the pipe (and say so on stdin): every later write meets the closed pipe, as under `| head -1`.
+_FIRST_LINE_THEN_CLOSED = """
+import sys
+from splat.tools.cli import main
+
+real = sys.stdout
+
+
+class FirstLineGate:
+    opened = False
+
+    def write(self, text):
+        n = real.write(text)
+        if not self.opened and "\\n" in text:
+            real.flush()
+            self.opened = True
+            sys.stdin.readline()
+        return n
+
+    def __getattr__(self, name):
+        return getattr(real, name)
+
+
+sys.stdout = FirstLineGate()
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])
+def test_stdout_closed_after_the_first_line_exits_quietly(buffered):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if not buffered:
+        env["PYTHONUNBUFFERED"] = "1"
+    argv = ["analyze", "sliding_window(256, 256) | global_tokens(4)", "--q-len", "2048"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _FIRST_LINE_THEN_CLOSED, *argv],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env=env,
+    )
+    first = proc.stdout.readline()
+    proc.stdout.close()  # the reader goes away after one line
+    proc.stdin.write(b"\n")
+    proc.stdin.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 1, err  # Python's status for EPIPE (see splat.tools.cli.main)
+    assert first.startswith(b"mask ")
+    assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err, err
+
+
+def test_python_dash_m_splat_into_a_pipe_closed_early():
+    """``python -m splat analyze ... | head -1``: whenever the pipe closes, no traceback."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "splat", "analyze", "neighborhood((32, 32), 7)"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+    )
+    assert proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) in (0, 1), err  # 0: it had written everything before the close
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
 
 
 # --- rough edges: clean errors, --version, python -m splat -----------------------------------------

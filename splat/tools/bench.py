@@ -17,6 +17,16 @@ so a dense peer that computes all S x S scores is credited with the same useful
 work as splat. ``x splat`` in the table is ``peer ms / splat ms``: above 1 means
 splat is faster.
 
+Each row names its mask three ways: ``pattern`` (the catalogue name, or the expression
+as typed), ``mask`` (its repr) and ``expression`` (:func:`to_expression`: what
+:func:`splat.masks.parse` reads back into the same mask; None for arrays and functions).
+
+A peer that cannot run here (a GPU-only peer on a CPU, a package not installed, a
+splat backend this machine lacks) is skipped: the run goes on, ``skipped`` records
+the reason, and the text report lists each (peer, reason) once, under ``skipped``.
+A peer that crashes is recorded the same way, its reason starting ``error:``, and
+the log says so as it happens.
+
 Every peer's forward output is checked against splat's on the same inputs,
 once per (pattern, S, dtype); fwd+bwd rows reuse the forward check. A row
 records ``max_abs_err_vs_splat`` (max ``|peer - splat|`` over the output, both
@@ -48,13 +58,15 @@ from __future__ import annotations
 import datetime as _dt
 import functools
 import importlib.metadata
+import inspect
 import json
 import os
 import platform
+import re
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, is_dataclass
 
 import numpy as np
 
@@ -68,11 +80,13 @@ __all__ = [
     "FLOP_FORMULA",
     "build_section",
     "environment",
+    "flop_formula",
     "format_table",
     "pattern_lengths",
     "resolve_patterns",
     "backend_unavailable",
     "run_bench",
+    "to_expression",
     "useful_flops",
     "write_json",
 ]
@@ -80,6 +94,11 @@ __all__ = [
 FLOP_FORMULA = (
     "useful FLOPs = 4*B*H*nnz*D (forward); forward+backward counts 3.5x that (backward = 2.5x forward)"
 )
+# The same convention, for a run of one mode only (see flop_formula).
+_MODE_FLOP_FORMULA = {
+    "fwd": "useful FLOPs = 4*B*H*nnz*D (forward)",
+    "fwdbwd": "useful FLOPs = 3.5 * 4*B*H*nnz*D (forward+backward; backward = 2.5x forward)",
+}
 RATIO_DEFINITION = "x splat = peer median ms / splat median ms (> 1: splat is faster)"
 SCHEMA = "splat-bench/1"
 
@@ -302,10 +321,97 @@ def backend_unavailable(backend: str) -> str | None:
     return None if reason is None else " ".join(str(reason).split())
 
 
+def flop_formula(modes: Sequence[str]) -> str:
+    """How useful FLOPs are counted, for a run of ``modes`` ("fwd", "fwdbwd"): :data:`FLOP_FORMULA`
+    when both ran, else the one mode's formula (a forward-only run says nothing of the backward)."""
+    modes = tuple(dict.fromkeys(modes))
+    return _MODE_FLOP_FORMULA[modes[0]] if len(modes) == 1 else FLOP_FORMULA
+
+
 def useful_flops(batch: int, heads: int, nnz: int, head_dim: int, mode: str) -> float:
     """``4*B*H*nnz*D`` forward; ``fwdbwd`` counts 3.5x that (FlashAttention convention)."""
     f = 4.0 * batch * heads * nnz * head_dim
     return 3.5 * f if mode == "fwdbwd" else f
+
+
+def to_expression(mask) -> str | None:
+    """The :func:`splat.masks.parse` expression of ``mask`` (its inverse), or None where it has none.
+
+    Built from the mask's value (constructor calls joined by ``|`` and ``&``, arguments
+    at their defaults left out) and read back: the result parses to a mask equal to
+    ``mask``, else None. Masks from arrays or functions have no expression. (Not
+    :func:`splat.tools.mask_forms.mask_expression`, the predicate FlexAttention runs.)
+
+    Example:
+      >>> from splat import masks
+      >>> to_expression(masks.sink(4) | masks.sliding_window(1023, 0))
+      'sink(4) | sliding_window(1023, 0)'
+    """
+    from splat import masks
+
+    expr = _expression(mask)
+    if expr is None:
+        return None
+    try:
+        return expr if masks.parse(expr) == mask else None
+    except (ValueError, TypeError):
+        return None
+
+
+def _expression(mask) -> str | None:
+    """:func:`to_expression` before the check: None for a part with no constructor."""
+    from splat import masks
+
+    if isinstance(mask, (masks.Union, masks.Intersection)):
+        a, b = _expression(mask.a), _expression(mask.b)
+        if a is None or b is None:
+            return None
+        # "&" binds tighter than "|" and both group to the left: bracket what would regroup
+        if isinstance(mask, masks.Union):
+            b = f"({b})" if isinstance(mask.b, masks.Union) else b
+            return f"{a} | {b}"
+        a = f"({a})" if isinstance(mask.a, masks.Union) else a
+        b = f"({b})" if isinstance(mask.b, (masks.Union, masks.Intersection)) else b
+        return f"{a} & {b}"
+    neighborhood = grid_view.expression(mask)
+    if neighborhood is not None:
+        return neighborhood
+    name = re.sub(r"(?<!^)(?=[A-Z])", "_", type(mask).__name__).lower()  # SlidingWindow -> sliding_window
+    if name not in masks.__all__ or not is_dataclass(mask):
+        return None
+    values = [getattr(mask, f.name) for f in fields(mask) if f.repr]
+    params = list(inspect.signature(getattr(masks, name)).parameters.values())
+    if len(values) > len(params):
+        return None
+    while values and params[len(values) - 1].default is not inspect.Parameter.empty:
+        if values[-1] != params[len(values) - 1].default:
+            break
+        values.pop()  # a trailing argument at its default
+    # a flag reads better by name: sink(4, causal=False)
+    args = (
+        f"{p.name}={v!r}" if isinstance(v, bool) else repr(v) for p, v in zip(params, values, strict=False)
+    )
+    return f"{name}({', '.join(args)})"
+
+
+def _skip_reason(e: Exception) -> tuple[str, bool]:
+    """``(reason, crashed)`` for a peer that raised ``e`` while being prepared or timed.
+
+    A splat backend this machine cannot run (``jax_bindings.BackendUnavailableError``)
+    is a skip like a missing package, said in one line: ``splat backend 'triton' cannot
+    run here: runs on gpu only; ...``. Anything else but :class:`PeerUnavailable` is a crash.
+    """
+    import jax_bindings
+
+    if isinstance(e, PeerUnavailable):
+        return str(e), False
+    if isinstance(e, jax_bindings.BackendUnavailableError):
+        named = re.search(r'backend="([^"]+)"', str(e))
+        why = backend_unavailable(named.group(1)) if named else None
+        if why is None:  # a message of another shape: say it whole
+            return " ".join(str(e).split()), False
+        return f"splat backend {named.group(1)!r} cannot run here: {why}", False
+    return f"error: {short_error(e)}", True
 
 
 # --- the benchmark -------------------------------------------------------------------------------
@@ -325,14 +431,14 @@ def run_bench(
     Returns:
       ``{"schema", "created", "environment", "settings", "flop_formula", "ratio_definition",
       "timing_method", "check_rule", "results": [...], "skipped": [...], "memory": [...],
-      "disagreements": [...], "grid_masks": [...], "build": {...} (when asked)}``. Each result row carries its
-      output check (``max_abs_err_vs_splat``, ``rel_err_vs_splat``, ``check_tolerance``,
-      ``agrees``, ``check``), how it was timed (``per_sample``, ``calls_per_launch``,
-      ``timing``) and, for splat's own peers, ``splat_backend`` (else None);
-      ``disagreements`` lists each (pattern, S, dtype, peer) whose output is not within
-      tolerance of splat's. ``settings.fixed_lengths`` maps each grid pattern to the one S it
-      ran at; ``grid_masks`` holds its grid form (``{"pattern", "mask"}`` and the fields of
-      :func:`splat.tools.grid_view.grid_section`).
+      "disagreements": [...], "grid_masks": [...], "build": {...} (when asked)}``. Each result
+      row carries its mask's ``expression`` (:func:`to_expression`), its output check
+      (``max_abs_err_vs_splat``, ``rel_err_vs_splat``, ``check_tolerance``, ``agrees``, ``check``),
+      how it was timed (``per_sample``, ``calls_per_launch``, ``timing``) and, for splat's own
+      peers, ``splat_backend`` (else None); ``disagreements`` lists each (pattern, S, dtype, peer)
+      whose output is not within tolerance of splat's. ``settings.fixed_lengths`` maps each grid
+      pattern to the one S it ran at; ``grid_masks`` holds its grid form (``{"pattern", "mask"}``
+      and the fields of :func:`splat.tools.grid_view.grid_section`).
 
     Raises:
       ValueError: a pattern that is neither a catalogue name nor a mask expression, or a
@@ -349,7 +455,8 @@ def run_bench(
     if "splat" in peer_names:  # splat first: the ratios need its time
         peer_names.remove("splat")
         peer_names.insert(0, "splat")
-    log(f"splat bench on {env['device']} ({env['platform']}); {FLOP_FORMULA}; {RATIO_DEFINITION}")
+    formula = flop_formula(config.modes)
+    log(f"splat bench on {env['device']} ({env['platform']}); {formula}; {RATIO_DEFINITION}")
     # calls one JAX launch chains, and the least time a sample lasts (TIMING_METHOD)
     per_sample, min_sample_ms = sampling()
 
@@ -357,13 +464,16 @@ def run_bench(
     fixed_lengths = {}
     told = set()
 
-    def skip(base: dict, peer: str, reason: str, check: OutputCheck) -> None:
+    def skip(base: dict, peer: str, e: Exception, check: OutputCheck) -> None:
+        reason, crashed = _skip_reason(e)
         if peer == "splat":
             check.no_reference(f"splat skipped: {reason}")
         skipped.append({**base, "impl": peer, "reason": reason})
-        if (peer, reason) not in told:  # print each distinct reason once
+        # A peer that cannot run here is news only once, in the report's "skipped" list; a crash
+        # is said as it happens too (each distinct one once).
+        if crashed and (peer, reason) not in told:
             told.add((peer, reason))
-            log(f"  skip {peer}: {reason} ({base['pattern']}, S={base['S']}, {base['mode']})")
+            log(f"  {peer} failed, skipped: {reason} ({base['pattern']}, S={base['S']}, {base['mode']})")
 
     b, h, d = config.batch, config.heads, config.head_dim
     for name, make in pats:
@@ -401,6 +511,7 @@ def run_bench(
                 per_sample=per_sample,
                 _dense=[],
             )
+            expression = to_expression(mask)
             where = {"pattern": name, "mask": repr(mask), "S": s, "dtype": config.dtype}
             check = OutputCheck(where, make_problem, disagreements, log)
             for mode in config.modes:
@@ -409,6 +520,7 @@ def run_bench(
                 base = {
                     "pattern": name,
                     "mask": repr(mask),
+                    "expression": expression,
                     "S": s,
                     "mode": mode,
                     "nnz": int(layout.nnz),
@@ -419,15 +531,13 @@ def run_bench(
                     try:
                         prepared = PEERS[peer].prepare(problem)
                         ready[peer] = prepared, check.verdict(peer, prepared, problem)
-                    except PeerUnavailable as e:
-                        skip(base, peer, str(e), check)
-                    except Exception as e:  # a peer that crashes must not end the run; record why
-                        skip(base, peer, f"error: {short_error(e)}", check)
+                    except Exception as e:  # unavailable, or crashed: the run goes on, the reason recorded
+                        skip(base, peer, e, check)
                 # every peer ready is timed in the same rounds (INTERLEAVING)
                 samplers = {peer: ready[peer][0].sampler(per_sample, min_sample_ms) for peer in ready}
                 timed, failed = time_interleaved(samplers, config.warmup, config.repeats)
                 for peer, e in failed.items():
-                    skip(base, peer, f"error: {short_error(e)}", check)
+                    skip(base, peer, e, check)
                 for peer, t in timed.items():
                     prepared, verdict = ready[peer]
                     row = {
@@ -469,7 +579,7 @@ def run_bench(
             "per_sample": per_sample,
             "min_sample_ms": min_sample_ms,
         },
-        "flop_formula": FLOP_FORMULA,
+        "flop_formula": formula,
         "ratio_definition": RATIO_DEFINITION,
         "timing_method": f"{TIMING_METHOD} {INTERLEAVING}",
         "check_rule": CHECK_RULE,
@@ -588,7 +698,8 @@ def _fmt_bytes(n) -> str:
 
 def format_table(result: dict) -> str:
     """The results as a text table (plus skips, memory and build sections when present)."""
-    lines = [FLOP_FORMULA, RATIO_DEFINITION, result.get("timing_method", TIMING_METHOD), ""]
+    formula = result.get("flop_formula", FLOP_FORMULA)
+    lines = [formula, RATIO_DEFINITION, result.get("timing_method", TIMING_METHOD), ""]
     hdr = (
         f"{'pattern':24s} {'S':>7s} {'mode':6s} {'impl':13s} {'ms':>10s} {'TFLOP/s':>9s} {'x splat':>8s} "
         f"{'temp MiB':>9s} {'check':>5s}  note"

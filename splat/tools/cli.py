@@ -12,8 +12,14 @@ corner and an edge query see, pictured on the grid (:mod:`splat.tools.grid_view`
 :mod:`splat.tools.bench_runtime`). Run ``splat COMMAND --help`` for the options.
 
 Errors in what the user typed (a bad expression, a backend that cannot run here,
-a missing optional package) print one line, ``splat COMMAND: error: ...``, and
-exit with status 2.
+a missing optional package, an output file in a folder that does not exist) print
+one line, ``splat COMMAND: error: ...``, and exit with status 2. Output files
+(``--out``, ``--plot``, ``--report``) go into folders that exist: the command
+creates none, and checks them before it starts any work.
+
+When the reader of its standard output goes away (``splat analyze ... | head -1``),
+the command stops quietly with status 1, as Python's own recipe for a closed pipe
+does (the ``signal`` module's documentation, "Note on SIGPIPE").
 """
 
 from __future__ import annotations
@@ -26,9 +32,17 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["build_parser", "load_mask", "main", "version"]
+__all__ = ["OUTPUT_FLAGS", "build_parser", "check_output_paths", "load_mask", "main", "version"]
 
 _DEFAULT_Q_LEN = 1024
+
+# The flags of each command that name a file it writes.
+OUTPUT_FLAGS: dict[str, tuple[str, ...]] = {
+    "analyze": ("--plot",),
+    "bench": ("--out", "--plot"),
+    "bench-runtime": ("--out", "--plot"),
+    "tune": ("--out", "--report"),
+}
 
 
 def version() -> str:
@@ -78,6 +92,29 @@ def load_mask(expr_or_npy: str, q_len: int | None, kv_len: int | None):
         q_len = grid_view.fixed_length(mask) or _DEFAULT_Q_LEN
     kv_len = q_len if kv_len is None else kv_len
     return mask, q_len, kv_len
+
+
+def check_output_paths(args) -> None:
+    """Each output file the parsed ``args`` name goes into a folder that exists, and is not a folder.
+
+    Called before a command starts any work, so that a typo in a path costs nothing
+    (and no folder tree is made from it).
+
+    Raises:
+      ValueError: naming the flag, the path and the missing folder.
+    """
+    for flag in OUTPUT_FLAGS.get(args.command, ()):
+        path = getattr(args, flag.removeprefix("--").replace("-", "_"), None)
+        if path is None:
+            continue
+        if os.path.isdir(path):
+            raise ValueError(f"{flag} {path} is a folder; give the file to write, e.g. {flag} {path}/NAME")
+        folder = os.path.dirname(path)
+        if folder and not os.path.isdir(folder):
+            raise ValueError(
+                f"{flag} {path}: folder {folder} does not exist; splat creates no folders "
+                f"(mkdir -p {folder} first, or pick another path)"
+            )
 
 
 def _positive_int(text: str) -> int:
@@ -336,10 +373,37 @@ def _cmd_tune(args) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``splat`` console script and ``python -m splat``; returns the exit status."""
+    """Entry point of the ``splat`` console script and ``python -m splat``; returns the exit status.
+
+    A closed standard output (the reader of a pipe has gone) ends the command quietly with
+    status 1; anything else the command raises is its own (see :func:`_run`).
+    """
+    try:
+        try:
+            return _run(argv)
+        finally:
+            # Output still buffered meets a closed pipe here, inside the handler below, rather
+            # than at the interpreter's exit ("Exception ignored ... BrokenPipeError").
+            sys.stdout.flush()
+    except BrokenPipeError:
+        # Python's documented recipe (signal module, "Note on SIGPIPE"): point stdout at devnull
+        # so that the interpreter's own final flush writes nowhere instead of failing again, and
+        # exit 1 ("Python exits with error code 1 on EPIPE"). Not 141 (128 + SIGPIPE), which says
+        # a signal killed the process: Python ignores SIGPIPE and no signal was delivered.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):  # stdout is no file (replaced, or already closed)
+            pass
+        return 1
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    """Parses ``argv`` and runs the command; user errors print one line and give status 2."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        check_output_paths(args)
         if args.command == "analyze":
             return _cmd_analyze(args)
         if args.command == "tune":

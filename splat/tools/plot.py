@@ -1,6 +1,6 @@
 """PNG plots for the CLI: a mask coloured by ACSR segment, a grid mask in grid form, benchmark results.
 
-matplotlib is imported lazily (``pip install "splat[plot]"``), with the Agg
+matplotlib is imported lazily (``pip install "splat-attention[plot]"``), with the Agg
 backend, so plotting works on machines with no screen. Figures use matplotlib's
 constrained layout, so titles, labels and legends stay inside the picture.
 """
@@ -15,6 +15,7 @@ import numpy as np
 
 __all__ = [
     "bench_figure",
+    "bench_label",
     "bench_ratios",
     "grid_figure",
     "mask_figure",
@@ -31,6 +32,12 @@ _CHUNK = 1 << 22
 _TITLE_WIDTH = 70
 # Figures are drawn and saved at this resolution, so a mask picture can be sized to the screen pixels.
 _DPI = 110
+# Benchmark modes, as titles say them.
+_MODE_NAMES = {"fwd": "forward", "fwdbwd": "forward+backward"}
+# A benchmark plot's tick labels (7 points): characters an inch holds, with room between neighbours,
+# and the most lines a label takes with the catalogue name beside the mask expression.
+_LABEL_CHARS_PER_INCH = 15
+_LABEL_LINES = 3
 # Space left between a mask picture and the axes' frame, as a fraction of each side (keeps the first
 # and last rows and columns, often the thin global ones, clear of the frame's lines).
 _FRAME_PAD = 0.01
@@ -41,7 +48,8 @@ def _pyplot():
         import matplotlib
     except ImportError:
         raise ImportError(
-            "plotting needs matplotlib: pip install matplotlib (or the extra: pip install -e '.[plot]')"
+            "plotting needs matplotlib: pip install matplotlib "
+            '(or splat\'s extra: pip install "splat-attention[plot]")'
         ) from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -329,28 +337,56 @@ def bench_ratios(result: dict) -> dict[str, dict[tuple[str, int, str], float]]:
     return out
 
 
+def bench_label(pattern: str, expression: str | None, width: int) -> str:
+    """A benchmark group's tick label: what ran, wrapped to ``width`` characters a line.
+
+    The mask expression, after the catalogue name where both fit in a few lines
+    (``causal_window: sliding_window(1023, 0)``); a pattern typed as an expression is
+    shown as typed; a row with no expression (a mask from an array) shows its pattern.
+    """
+
+    def wrap(text: str) -> list[str]:
+        return textwrap.wrap(text, max(width, 8), break_long_words=False, break_on_hyphens=False)
+
+    if not expression or "(" in pattern:  # no expression, or the pattern is one
+        return "\n".join(wrap(pattern))
+    both = wrap(f"{pattern}: {expression}")
+    return "\n".join(both if len(both) <= _LABEL_LINES else wrap(expression))
+
+
 def bench_figure(result: dict):
-    """The matplotlib figure :func:`plot_bench` saves: per mode, TFLOP/s and the speed-up over each peer."""
+    """The matplotlib figure :func:`plot_bench` saves: per mode, TFLOP/s and the speed-up over each peer.
+
+    The title says what ran (forward, forward+backward, or both) on which device and how
+    FLOPs were counted (the result's ``flop_formula``); bars are grouped by mask, labelled
+    with its expression (:func:`bench_label`) and S.
+    """
     plt = _pyplot()
     rows = result["results"]
     if not rows:
         raise ValueError("the benchmark result has no timed rows to plot")
-    modes = sorted({r["mode"] for r in rows}, key=["fwd", "fwdbwd"].index)
+    modes = sorted({r["mode"] for r in rows}, key=list(_MODE_NAMES).index)
     impls = list(dict.fromkeys(r["impl"] for r in rows))
     groups = list(dict.fromkeys((r["pattern"], r["S"]) for r in rows))
+    expressions = {r["pattern"]: r.get("expression") for r in rows}
     ratios = bench_ratios(result)
     panels = 2 if ratios else 1
+    per_group = max(1.6, len(impls) / 2.5)  # inches
     fig, axes = plt.subplots(
         len(modes) * panels,
         1,
-        figsize=(max(6.4, 1.0 * len(groups) * max(1, len(impls)) / 2.5), 3.6 * len(modes) * panels),
+        figsize=(max(6.4, len(groups) * per_group + 1.0), 3.6 * len(modes) * panels),
         squeeze=False,
         dpi=_DPI,
         layout="constrained",
     )
     x = np.arange(len(groups))
-    labels = [f"{p}\nS={s}" for p, s in groups]
+    label_chars = int(per_group * _LABEL_CHARS_PER_INCH)
+    labels = [f"{bench_label(p, expressions[p], label_chars)}\nS={s}" for p, s in groups]
     device = result["environment"]["device"]
+    ran = " and ".join(_MODE_NAMES[m] for m in modes)
+    formula = result.get("flop_formula")
+    fig.suptitle(_wrap(f"{ran} on {device}" + (f"\n{formula}" if formula else "")), fontsize=9)
     for m, mode in enumerate(modes):
         ax = axes[m * panels, 0]
         by = {(r["pattern"], r["S"], r["impl"]): r["tflops"] for r in rows if r["mode"] == mode}
@@ -360,7 +396,7 @@ def bench_figure(result: dict):
             ax.bar(x + (i - (len(impls) - 1) / 2) * width, vals, width, label=impl)
         ax.set_xticks(x, labels, fontsize=7)
         ax.set_ylabel("useful TFLOP/s")
-        ax.set_title(_wrap(f"{mode} on {device}  ({result.get('flop_formula', '')})"), fontsize=8)
+        ax.set_title(f"{_MODE_NAMES[mode]}: useful TFLOP/s", fontsize=8)
         ax.legend(fontsize=7)
         if not ratios:
             continue
@@ -375,7 +411,7 @@ def bench_figure(result: dict):
         ax.set_yscale("log")
         ax.set_xticks(x, labels, fontsize=7)
         ax.set_ylabel("splat speed-up (x)")
-        ax.set_title(f"{mode}: peer ms / splat ms (above 1: splat is faster)", fontsize=8)
+        ax.set_title(f"{_MODE_NAMES[mode]}: peer ms / splat ms (above 1: splat is faster)", fontsize=8)
         ax.legend(fontsize=7)
     return fig
 
