@@ -8,7 +8,8 @@ from jax import lax
 
 from splat._sparsify.indexing import SHAPE_OPS, operand_index
 from splat._sparsify.ir import build_ir
-from splat._sparsify.symbolic import _Form, _Opaque
+from splat._sparsify.symbolic import Form as _Form
+from splat._sparsify.symbolic import Opaque as _Opaque
 
 X = np.arange(2 * 1 * 6 * 5).reshape(2, 1, 6, 5)
 

@@ -8,23 +8,34 @@ How it works (the *recognisable subgraph* approach; nothing is monkey-patched):
    ``jax.nn.dot_product_attention``, ``flax.nnx.dot_product_attention`` (which
    calls it) and hand-written einsum/matmul attention all look alike.
 2. Every ``dot_general`` whose operand is a softmax (``exp(x - max) / sum``, or
-   a ``custom_jvp`` softmax) is a candidate ``P @ V``. From the softmax input we
+   a ``custom_jvp`` softmax) is a candidate ``P @ V``. The row max and row sum are
+   matched through transposes, reshapes, broadcasts and copies (named-axis code
+   such as penzai's ``nmap`` shifts a transposed copy of the scores), checking
+   that they reduce the key axis (``softmax``). ``P`` may be masked again after
+   the softmax with the same mask (Keras's ``Softmax(mask)``), and
+   ``exp(x - max) @ V / rowsum`` (flash-style reference code) is a candidate
+   too. From the softmax input we
    walk back to the ``Q @ K^T`` ``dot_general`` through converts, transposes,
    reshapes that merge or split whole axes (grouped-query 5-D einsums,
    ``labels``), scalar ``mul``/``div`` (the scale), one ``tanh`` between scalar
    factors (the logit soft cap), ``select_n`` against a large negative fill
    (``jnp.where(mask, s, -inf)``, or a finite fill at most ``NEG_THRESHOLD``)
    and ``add`` of a 0/-inf bias.
-3. A ``where`` predicate is split into AND-ed terms (``runtime.split_predicate``).
-   Terms that depend on the inputs become ``splat.attention``'s runtime
-   arguments when they are a per-key (or per-query) padding mask or an equality
-   of id arrays (``runtime.classify``); any other is reported. The remaining
-   terms must be compile-time constants: their backward slice may
-   only reach literals, closed-over constants and ``iota``. A symbolic pass
-   (``symbolic.recognise``) first tries to name it with splat's constructors: indices
-   are affine forms in the query index i and key index j; sub-expressions that
+3. A ``where`` predicate is split into AND-ed terms (``predicate.split_predicate``;
+   Keras-style integer masks too: ``minimum``/``*`` of 0/1 casts for AND, then
+   ``> 0`` or a cast to bool). Terms that depend on the inputs become
+   ``splat.attention``'s runtime arguments when they are a per-key (or per-query)
+   padding mask or an equality of id arrays (``runtime.classify``); any other is
+   reported. The remaining terms must be compile-time constants: their backward
+   slice may only reach literals, closed-over constants and ``iota`` (a constant
+   of an enclosing ``jit``, such as a mask a model built outside the function, is
+   read through the outer trace's equations: ``outer``). A symbolic pass
+   (``recognise``) first tries to name it with splat's constructors: indices
+   are affine forms in the query index i and key index j (integer, or float
+   while exact: ``jnp.arange(n, dtype=float32)``); sub-expressions that
    depend on (i, j) only through i, j or d = i - j are evaluated exactly on
-   O(q_len + kv_len) samples, and and/or/not of them are matched to
+   O(q_len + kv_len) samples, and and/or/not of them (and integer
+   ``min``/``max``/``mul`` tables of them) are matched to
    ``causal``, ``sliding_window``, ``strided``, ``dilated_window``, ``sink``,
    ``global_tokens`` and their ``&``/``|`` (every candidate is checked against
    the samples, so a recognised mask is exact). Their layouts cost O(S), not
@@ -51,18 +62,22 @@ Fully masked rows: splat outputs 0 on a query row with no key, where dense
 attention outputs mean(V) (finite fill such as -1e9 or ``finfo.min``) or NaN
 (-inf fill or bias). So that results never change silently, an attention whose
 detected mask has such rows stays dense (with a one-time warning) unless the
-caller passes ``empty_rows="zero"``. Rows emptied at run time by an
+caller passes ``empty_rows="zero"`` (or the function zeroes those rows itself:
+Keras masks the probabilities again after the softmax). Rows emptied at run time by an
 input-dependent padding term (a row whose visible keys are all padding) cannot
 be known at trace time: there splat outputs 0 where the dense code outputs
 mean(V) (finite fill). A query padding term empties its rows by construction
 and so needs ``empty_rows="zero"``.
 
-Modules, each one concern: ``ir`` (the flat IR and its re-evaluation), ``indexing`` (index
-remapping through shape ops), ``labels`` (axis labels through reshapes of the scores),
-``numeric`` (values of constant slices at index arrays), ``symbolic`` (iota-comparison masks ->
-constructors), ``runtime`` (input-dependent mask terms -> runtime arguments), ``matcher`` (the
-attention pattern and the replacement call) and ``api`` (this decorator, its cache and its
-warnings).
+Modules, each one concern: ``ir`` (the flat IR and its re-evaluation), ``outer`` (constants
+of an enclosing trace, rebuilt for analysis), ``indexing`` (index remapping through shape
+ops), ``labels`` (axis labels through reshapes of the scores), ``numeric`` (values of constant
+slices at index arrays), ``symbolic`` (mask slices as index forms, line functions, logic and
+integer mask tables), ``recognise`` (those -> constructors), ``terms`` (mask terms -> one Mask),
+``predicate`` (mask predicates -> AND-ed leaves, integer mask algebra included), ``runtime``
+(input-dependent leaves -> runtime arguments), ``softmax`` (softmax and row reductions through
+shape ops), ``matcher`` (the attention pattern), ``call`` (the replacement call) and ``api``
+(this decorator, its cache and its warnings).
 
 Limits: masks that vary across heads, input-dependent masks other than padding
 and id equality (e.g. a window over positions computed from the inputs),
@@ -88,6 +103,7 @@ from jax_bindings import check_backend
 from splat._sparsify.ir import IR, build_ir, run_ir
 from splat._sparsify.matcher import Found, Match, match_pv
 from splat._sparsify.numeric import NotSparsifiable, Slices
+from splat._sparsify.outer import outer_graph
 
 __all__ = ["Found", "SparsifyWarning", "sparsify"]
 
@@ -107,13 +123,24 @@ class _Plan:
 
 def _is_static(x) -> bool:
     if isinstance(x, jax.core.Tracer):
-        return False
+        # a value of an enclosing jit computed without its inputs (a mask the model built from
+        # iota): closed over, so the IR rebuilds how it was made (see ``outer``)
+        return _outer_constant(x)
     if isinstance(x, (np.ndarray, jax.Array)):
         return x.dtype == np.bool_
     return not hasattr(x, "shape")
 
 
+def _outer_constant(x) -> bool:
+    try:
+        return outer_graph(x) is not None
+    except Exception:  # JAX internals changed: an ordinary traced argument
+        return False
+
+
 def _static_key(x):
+    if isinstance(x, jax.core.Tracer):
+        return ("tracer", id(x))  # never cached: the plan holds the tracer (``_Plan.cacheable``)
     if isinstance(x, (np.ndarray, jax.Array)):
         a = np.asarray(x)
         return ("bool", a.shape, hashlib.blake2b(np.packbits(a).tobytes(), digest_size=16).hexdigest())
@@ -151,7 +178,7 @@ def _analyse(fn, args, kwargs, backend: str, empty_rows: str = "fallback") -> tu
             continue
         if m is not None:
             matches.append(m)
-    cacheable = not any(isinstance(c, jax.core.Tracer) for c in ir.consts.values())
+    cacheable = not ir.outer and not any(isinstance(c, jax.core.Tracer) for c in ir.consts.values())
     return _Plan(ir, matches, problems, out_tree, cacheable), dyn, treedef
 
 

@@ -2,16 +2,17 @@
 
 Both slice evaluators (``numeric.Slices.value`` on numpy index arrays, ``symbolic.Symbolic`` on
 affine index forms) follow a mask's shape ops backwards with :func:`operand_index`. Index entries
-only meet ``+``, ``-`` and ``*`` by an int, except in a reshape that does more than add or drop
-size-1 axes: that one needs ``//`` and ``%`` on the flat index, which affine forms refuse (the
-symbolic pass then gives up and the mask is evaluated numerically).
+only meet ``+``, ``-`` and ``*`` by an int, except in a reshape group that merges or splits axes
+(:func:`reshape_groups`): that one needs ``//`` and ``%`` on the flat index, which affine forms
+refuse unless they are constant (the symbolic pass then gives up and the mask is evaluated
+numerically).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["SHAPE_OPS", "operand_index", "size1_map"]
+__all__ = ["SHAPE_OPS", "operand_index", "reshape_groups", "size1_map"]
 
 SHAPE_OPS = ("broadcast_in_dim", "transpose", "reshape", "squeeze", "slice", "rev")
 
@@ -61,13 +62,57 @@ def size1_map(in_shape: Sequence[int], out_shape: Sequence[int]) -> dict[int, in
     return dict(zip(b, a, strict=True))
 
 
+def reshape_groups(in_shape: Sequence[int], out_shape: Sequence[int]) -> list[tuple[list[int], list[int]]]:
+    """A row-major reshape as the smallest consecutive (input axes, output axes) groups of equal size.
+
+    An output axis can only take its values from the input axes of its own group, so it varies
+    only where one of those does (used for the dependence axes of a reshaped constant).
+    """
+    groups, i, o = [], 0, 0
+    while i < len(in_shape) or o < len(out_shape):
+        gi, go, pi, po = [], [], 1, 1
+        while True:
+            if pi <= po and i < len(in_shape) and (pi < po or not gi or in_shape[i] == 1):
+                gi.append(i)
+                pi *= in_shape[i]
+                i += 1
+            elif o < len(out_shape) and (po < pi or not go or out_shape[o] == 1):
+                go.append(o)
+                po *= out_shape[o]
+                o += 1
+            else:
+                break
+            if pi == po and gi and go:
+                break
+        if not gi and not go:
+            break
+        groups.append((gi, go))
+    # trailing axes (all of size 1) left over join the last group
+    if i < len(in_shape) or o < len(out_shape):
+        gi, go = groups[-1] if groups else ([], [])
+        gi += list(range(i, len(in_shape)))
+        go += list(range(o, len(out_shape)))
+        groups[-1:] = [(gi, go)]
+    return groups
+
+
 def _reshape_index(in_shape, out_shape, idx):
-    """Row-major reshape: flatten ``idx`` over ``out_shape``, unflatten over ``in_shape``."""
-    flat = 0
-    for i, n in enumerate(out_shape):
-        flat = flat * n + idx[i]
-    res = []
-    for n in reversed(in_shape):
-        res.append(flat % n if n > 1 else 0)
-        flat = flat // n
-    return tuple(reversed(res))
+    """Row-major reshape, group by group (:func:`reshape_groups`): flatten ``idx`` over a group's
+    output axes, unflatten over its input axes. A group that only renames one axis (plus size-1
+    axes) passes its index through untouched, so affine forms cross reshapes that merge or split
+    other axes (e.g. ``[B, H, T, S] -> [B*H, T, S]``)."""
+    res = [0] * len(in_shape)
+    for gi, go in reshape_groups(in_shape, out_shape):
+        big_i = [a for a in gi if in_shape[a] != 1]
+        big_o = [o for o in go if out_shape[o] != 1]
+        if len(big_i) == 1 and len(big_o) == 1:
+            res[big_i[0]] = idx[big_o[0]]
+            continue
+        flat = 0
+        for o in go:
+            flat = flat * out_shape[o] + idx[o]
+        for a in reversed(gi):
+            n = in_shape[a]
+            res[a] = flat % n if n > 1 else 0
+            flat = flat // n
+    return tuple(res)

@@ -4,6 +4,10 @@
 (``vid``): inputs, closed-over constants, literals and equation outputs alike. The matcher
 walks it backwards (``IR.node_of``), the slice evaluators read its constants, and ``run_ir``
 evaluates it again with some values computed by replacement functions.
+
+A value closed over from an enclosing trace (see :mod:`splat._sparsify.outer`) keeps its tracer
+for the run (``IR.outer``) and, when its outer equations are input-free, gets them as
+*analysis-only* nodes, so that the slice evaluators see how it was built.
 """
 
 from __future__ import annotations
@@ -12,7 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import jax
 from jax.extend import core as jex_core
+
+from splat._sparsify.outer import outer_graph
 
 __all__ = ["IR", "Node", "bind_params", "build_ir", "run_ir"]
 
@@ -29,6 +36,8 @@ class Node:
     ins: list[int]
     outs: list[int]
     ctx: Any = None
+    analysis_only: bool = False  # rebuilds an outer-trace constant; never run (IR.outer has the value)
+    effects: Any = ()
 
 
 @dataclass
@@ -41,6 +50,8 @@ class IR:
     inputs: list[int] = field(default_factory=list)
     outputs: list[int] = field(default_factory=list)
     prod: dict[int, tuple[int, int]] = field(default_factory=dict)  # value id -> (node index, out pos)
+    outer: dict[int, Any] = field(default_factory=dict)  # value id -> outer-trace tracer, for the run
+    _users: dict[int, list[Node]] | None = field(default=None, repr=False)
 
     def new(self, aval) -> int:
         self.avals.append(aval)
@@ -54,12 +65,33 @@ class IR:
     def shape(self, vid: int) -> tuple[int, ...]:
         return tuple(self.avals[vid].shape)
 
+    def users(self, vid: int) -> list[Node]:
+        """The equations (run ones only) that read ``vid``."""
+        if self._users is None:
+            self._users = {}
+            for node in self.nodes:
+                if not node.analysis_only:
+                    for u in dict.fromkeys(node.ins):
+                        self._users.setdefault(u, []).append(node)
+        return self._users.get(vid, [])
+
 
 def build_ir(closed) -> IR:
     """The flat IR of a ``ClosedJaxpr``."""
     ir = IR()
     env: dict[Any, int] = {}
+    outer_env: dict[Any, int] = {}  # outer-trace Var -> vid, shared by every outer constant
     for v, c in zip(closed.jaxpr.constvars, closed.consts, strict=False):
+        if isinstance(c, jax.core.Tracer):
+            vid = _splice_outer(ir, c, outer_env)
+            same = vid is not None and (ir.avals[vid].shape, ir.avals[vid].dtype) == (
+                v.aval.shape,
+                v.aval.dtype,
+            )
+            if same:
+                env[v] = vid
+                ir.outer[vid] = c
+                continue
         env[v] = ir.new(v.aval)
         ir.consts[env[v]] = c
     for v in closed.jaxpr.invars:
@@ -81,32 +113,82 @@ def _ref(ir: IR, env: dict, atom) -> int:
 def _emit(ir: IR, eqns, env: dict) -> None:
     for eqn in eqns:
         ins = [_ref(ir, env, a) for a in eqn.invars]
-        name = eqn.primitive.name
-        inner = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr")) if name in _INLINE else None
-        if inner is not None:
-            if isinstance(inner, jex_core.ClosedJaxpr):
-                jaxpr, consts = inner.jaxpr, inner.consts
-            else:
-                jaxpr, consts = inner, ()
-            sub: dict[Any, int] = {}
-            for v, c in zip(jaxpr.constvars, consts, strict=False):
-                sub[v] = ir.new(v.aval)
-                ir.consts[sub[v]] = c
-            for v, vid in zip(jaxpr.invars, ins, strict=False):
-                sub[v] = vid
-            _emit(ir, jaxpr.eqns, sub)
-            for outer, atom in zip(eqn.outvars, jaxpr.outvars, strict=False):
-                env[outer] = _ref(ir, sub, atom)
-            continue
-        outs = []
-        for v in eqn.outvars:
-            vid = ir.new(v.aval)
-            outs.append(vid)
-            if not isinstance(v, jex_core.DropVar):
-                env[v] = vid
-        for k, vid in enumerate(outs):
-            ir.prod[vid] = (len(ir.nodes), k)
-        ir.nodes.append(Node(eqn.primitive, eqn.params, ins, outs, getattr(eqn, "ctx", None)))
+        _emit_one(
+            ir,
+            eqn.primitive,
+            eqn.params,
+            ins,
+            eqn.outvars,
+            getattr(eqn, "ctx", None),
+            env,
+            effects=getattr(eqn, "effects", ()),
+        )
+
+
+def _emit_one(
+    ir: IR, prim, params, ins: list[int], outvars, ctx, env: dict, analysis_only=False, effects=()
+) -> None:
+    """Add one equation (inlining a nested ``jit``); ``env`` maps its outvars to new value ids."""
+    name = prim.name
+    inner = params.get("jaxpr", params.get("call_jaxpr")) if name in _INLINE else None
+    if inner is not None:
+        if isinstance(inner, jex_core.ClosedJaxpr):
+            jaxpr, consts = inner.jaxpr, inner.consts
+        else:
+            jaxpr, consts = inner, ()
+        sub: dict[Any, int] = {}
+        for v, c in zip(jaxpr.constvars, consts, strict=False):
+            sub[v] = ir.new(v.aval)
+            ir.consts[sub[v]] = c
+        for v, vid in zip(jaxpr.invars, ins, strict=False):
+            sub[v] = vid
+        for eqn in jaxpr.eqns:
+            sub_ins = [_ref(ir, sub, a) for a in eqn.invars]
+            ctx_, eff = getattr(eqn, "ctx", None), getattr(eqn, "effects", ())
+            _emit_one(ir, eqn.primitive, eqn.params, sub_ins, eqn.outvars, ctx_, sub, analysis_only, eff)
+        for outer, atom in zip(outvars, jaxpr.outvars, strict=False):
+            env[outer] = _ref(ir, sub, atom)
+        return
+    outs = []
+    for v in outvars:
+        vid = ir.new(v.aval)
+        outs.append(vid)
+        if not isinstance(v, jex_core.DropVar):
+            env[v] = vid
+    for k, vid in enumerate(outs):
+        ir.prod[vid] = (len(ir.nodes), k)
+    ir.nodes.append(Node(prim, params, ins, outs, ctx, analysis_only, effects))
+
+
+def _splice_outer(ir: IR, tracer, env: dict) -> int | None:
+    """The vid of an outer-trace constant rebuilt as analysis-only nodes, or None."""
+    try:
+        got = outer_graph(tracer)
+    except Exception:  # JAX internals changed: read the value as opaque, as before
+        return None
+    if got is None:
+        return None
+    eqns, out = got
+    if not eqns:  # a concrete constant of the outer trace
+        vid = ir.new(jax.core.get_aval(out))
+        ir.consts[vid] = out
+        return vid
+    try:
+        for e in eqns:
+            if any(o in env for o in e.outvars):
+                continue
+            ins = []
+            for kind, x in e.ins:
+                if kind == "tracer":
+                    ins.append(env[x.val])
+                else:
+                    vid = ir.new(jax.core.get_aval(x))
+                    ir.consts[vid] = x
+                    ins.append(vid)
+            _emit_one(ir, e.prim, e.params, ins, e.outvars, e.ctx, env, analysis_only=True)
+        return env[out]
+    except Exception:
+        return None
 
 
 def bind_params(node: Node) -> tuple[list, dict]:
@@ -123,7 +205,7 @@ def run_ir(ir: IR, args: list, replace: dict[int, tuple[list[int], Callable]]) -
     live = [False] * len(ir.nodes)
     for i in range(len(ir.nodes) - 1, -1, -1):
         node = ir.nodes[i]
-        if not any(o in need for o in node.outs):
+        if node.analysis_only or not any(o in need for o in node.outs):
             continue
         live[i] = True
         for o in node.outs:
@@ -132,6 +214,7 @@ def run_ir(ir: IR, args: list, replace: dict[int, tuple[list[int], Callable]]) -
         if not all(o in replace for o in node.outs if o in need):
             need.update(node.ins)
     env: dict[int, Any] = dict(ir.consts)
+    env.update(ir.outer)
     env.update(zip(ir.inputs, args, strict=False))
     for i, node in enumerate(ir.nodes):
         if not live[i]:

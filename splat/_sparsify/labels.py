@@ -79,6 +79,12 @@ def forward(ir: IR, node: Node, labels: Sequence, size: Callable[[int], int]) ->
         return [labels[a] for a in p["permutation"]]
     if name in ("reshape", "squeeze"):
         return reshape_labels(labels, ir.shape(node.ins[0]), ir.shape(node.outs[0]), size)
+    if name == "broadcast_in_dim":  # new axes, and size-1 axes stretched, carry no atom
+        in_shape, out_shape = ir.shape(node.ins[0]), ir.shape(node.outs[0])
+        out: list = [None] * len(out_shape)
+        for a, d in enumerate(p["broadcast_dimensions"]):
+            out[d] = labels[a] if in_shape[a] == out_shape[d] else None
+        return out
     return list(labels)  # converts and copies
 
 

@@ -1,33 +1,36 @@
 """The attention-pattern matcher: ``softmax(Q K^T * scale, masked) @ V`` in a flat IR.
 
-:func:`match_pv` takes one ``dot_general`` as the candidate ``P @ V``, checks that ``P`` is a
-softmax (``exp(x - max) / sum``, or a ``custom_jvp`` softmax), walks back from the softmax input
-to the ``Q @ K^T`` ``dot_general`` through converts, transposes, scalar ``mul``/``div`` (the
-scale), ``select_n`` against a large negative fill and ``add`` of a 0/-inf bias, labels every
-axis (batch, query sequence, heads, GQA group, key sequence, head dim), and builds the mask of the
-constant mask terms (:func:`symbolic.recognise`, else an exact ``masks.from_fn`` predicate over
-:class:`numeric.Slices`). The returned :class:`Match` carries the function that runs
-``splat``'s attention on the matched Q, K, V in their original layout.
+:func:`match_pv` takes one ``dot_general`` as the candidate ``P @ V``. ``P`` must be a softmax
+(:mod:`splat._sparsify.softmax`: ``exp(x - max) / sum`` through the shape ops vectorised code
+puts in it, or a ``custom_jvp`` softmax), possibly masked again after it (Keras's
+``Softmax(mask)``: allowed when the mask is the one applied before it); or ``exp(x - max)``
+alone, when the product is divided by the row sum after (flash-style reference code). From the
+softmax input the matcher walks back to the ``Q @ K^T`` ``dot_general`` through converts,
+transposes, scalar ``mul``/``div`` (the scale), ``select_n`` against a large negative fill and
+``add`` of a 0/-inf bias, labels every axis (batch, query sequence, heads, GQA group, key
+sequence, head dim), and builds the mask of the constant mask terms
+(:func:`terms.make_mask`). The returned :class:`Match` carries the function that runs splat's
+attention on the matched Q, K, V in their original layout (:mod:`splat._sparsify.call`).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
-from jax.extend import core as jex_core
 
-from splat import _attention, masks
+from splat import masks
 from splat._analyzer import analyze
 from splat._sparsify import labels as lab_ops
 from splat._sparsify import runtime as rt_ops
-from splat._sparsify.ir import IR, Node, build_ir
-from splat._sparsify.numeric import NEG_THRESHOLD, NotSparsifiable, Slices, kept
-from splat._sparsify.symbolic import recognise
+from splat._sparsify.call import Arrangement, attention_call
+from splat._sparsify.ir import IR, Node
+from splat._sparsify.numeric import NEG_THRESHOLD, NotSparsifiable, Slices
+from splat._sparsify.predicate import split_predicate
+from splat._sparsify.softmax import Softmax, match_softmax, post_mask, row_stat
+from splat._sparsify.terms import make_mask, mask_term, no_labels_on_size1, same_post_mask
 
 __all__ = ["Found", "Match", "match_pv"]
 
@@ -63,7 +66,7 @@ class Found:
 
 @dataclass
 class Match:
-    pv_out: int
+    pv_out: int  # the value replaced: the P @ V output, or the division after it
     q: int
     k: int
     v: int
@@ -72,24 +75,15 @@ class Match:
     extra: tuple[int, ...] = ()  # more inputs of ``fn`` after q, k, v (runtime mask sources)
 
 
-def _strip_back(ir: IR, vid: int, ops=_PASS + _SHAPE) -> tuple[int, list[Node]]:
-    """Walk back from ``vid`` through pass-through ops; returns (source vid, ops forward-ordered)."""
-    chain = []
-    while True:
-        node = ir.node_of(vid)
-        if node is None or node.prim.name not in ops:
-            return vid, chain[::-1]
-        chain.append(node)
-        vid = node.ins[0]
-
-
-def _forward_labels(ir: IR, labels: list, chain: list[Node], size) -> list:
-    for node in chain:
-        labels = lab_ops.forward(ir, node, labels, size)
+def _forward_labels(ir: IR, labels: list, chain, size) -> list:
+    """Labels through shape ops; ``chain`` items are nodes of ``ir`` or ``(ir, node)`` pairs."""
+    for item in chain:
+        node_ir, node = item if isinstance(item, tuple) else (ir, item)
+        labels = lab_ops.forward(node_ir, node, labels, size)
         if labels is None:
             raise NotSparsifiable(
-                f"a `{node.prim.name}` of the attention scores to {ir.avals[node.outs[0]].str_short()} "
-                "splits an axis that splat cannot follow"
+                f"a `{node.prim.name}` of the attention scores to "
+                f"{node_ir.avals[node.outs[0]].str_short()} splits an axis that splat cannot follow"
             )
     return labels
 
@@ -105,82 +99,44 @@ def _check_mask_position(cap, outer: float, what: str) -> None:
         raise NotSparsifiable(f"the masked logits are multiplied by {outer}; a mask needs a positive scale")
 
 
-def _match_softmax(ir: IR, sl: Slices, vid: int) -> tuple[int, int] | None:
-    """(softmax input vid, reduce axis) when ``vid`` is softmax(x) along one axis."""
-    node = ir.node_of(vid)
-    if node is None:
-        return None
-    if node.prim.name == "custom_jvp_call":
-        inner = node.params.get("call_jaxpr")
-        if inner is None or len(node.ins) != 1 or len(node.outs) != 1:
+def _probs(ir: IR, sl: Slices, vid: int) -> tuple[Softmax, list] | None:
+    """(softmax, items from it to ``vid``): shape ops ("pass") and, after a normalised softmax,
+    masks of the probabilities ("post") in between."""
+    items = []
+    while True:
+        node = ir.node_of(vid)
+        if node is None:
             return None
-        sub_ir = build_ir(
-            inner if isinstance(inner, jex_core.ClosedJaxpr) else jex_core.ClosedJaxpr(inner, ())
-        )
-        m = _match_softmax(sub_ir, Slices(sub_ir), sub_ir.outputs[0])
-        if m is None or m[0] != sub_ir.inputs[0]:
-            return None
-        return node.ins[0], m[1]
-    if node.prim.name != "div":
-        return None
-    e, z = node.ins
-    zsrc, _ = _strip_back(ir, z, _PASS + ("broadcast_in_dim", "reshape"))
-    red = ir.node_of(zsrc)
-    if red is None or red.prim.name != "reduce_sum" or len(red.params["axes"]) != 1:
-        return None
-    axis = int(red.params["axes"][0])
-    if _strip_back(ir, red.ins[0], _PASS)[0] != _strip_back(ir, e, _PASS)[0]:
-        return None
-    ex = ir.node_of(_strip_back(ir, e, _PASS)[0])
-    if ex is None or ex.prim.name != "exp":
-        return None
-    y = ex.ins[0]
-    sub = ir.node_of(y)
-    if sub is not None and sub.prim.name == "sub":
-        x, m = sub.ins
-        if not _is_row_shift(ir, m, x):
-            return None
-        return x, axis
-    return y, axis
-
-
-def _is_row_shift(ir: IR, m: int, x: int) -> bool:
-    """True when ``m`` is computed from ``x`` by reductions/broadcasts only (a per-row shift)."""
-    ok = ("reduce_max", "max", "broadcast_in_dim", "reshape", "squeeze", "stop_gradient") + _PASS
-    stack, seen_x = [m], False
-    while stack:
-        v = stack.pop()
-        if v == x:
-            seen_x = True
-            continue
-        if v in ir.consts:
-            continue
-        node = ir.node_of(v)
-        if node is None or node.prim.name not in ok:
-            return False
-        stack.extend(node.ins)
-    return seen_x
-
-
-def match_pv(ir: IR, sl: Slices, pv: Node, backend: str, empty_rows: str = "fallback") -> Match | None:
-    """Match one ``dot_general`` as ``softmax(...) @ V``; None if it is not attention.
-
-    Raises:
-      NotSparsifiable: it is attention, but splat cannot take it (message says why).
-    """
-    (lc, rc), (lb, rb) = pv.params["dimension_numbers"]
-    if len(lc) != 1:
-        return None
-    for side in (0, 1):
-        src, p_chain = _strip_back(ir, pv.ins[side])
-        sm = _match_softmax(ir, sl, src)
-        if sm is not None:
+        if node.prim.name not in _PASS + _SHAPE:
             break
-    else:
-        return None
-    x, axis = sm
-    # walk back from the softmax input to Q K^T. ``scale`` multiplies the factors met so far,
-    # which apply after what comes next; a `tanh` turns them into the soft cap and restarts it.
+        items.append(("pass", node, None))
+        vid = node.ins[0]
+    sm = match_softmax(ir, sl, vid)  # a softmax, or exp(x - max) masked before the product
+    if sm is not None:
+        return sm, items[::-1]
+    while True:  # Keras's Softmax(mask): the probabilities masked again
+        got = post_mask(ir, sl, node)
+        if got is not None:
+            items.append(("post", node, got[1]))
+            vid = got[0]
+        elif node.prim.name in _PASS + _SHAPE:
+            items.append(("pass", node, None))
+            vid = node.ins[0]
+        else:
+            break
+        node = ir.node_of(vid)
+        if node is None:
+            return None
+    sm = match_softmax(ir, sl, vid)
+    return (sm, items[::-1]) if sm is not None and sm.normalised else None
+
+
+def _walk_logits(ir: IR, sl: Slices, x: int):
+    """``(chain, scale, cap, qk)`` from the softmax input back to ``Q @ K^T``, or None.
+
+    ``scale`` multiplies the factors met so far, which apply after what comes next; a ``tanh``
+    turns them into the soft cap and restarts it.
+    """
     chain: list[tuple[str, Node, Any]] = []
     scale, cap = 1.0, None
     cur = x
@@ -213,7 +169,7 @@ def match_pv(ir: IR, sl: Slices, pv: Node, backend: str, empty_rows: str = "fall
                 if not f <= NEG_THRESHOLD:
                     raise NotSparsifiable(f"masked logits are filled with {f}, not a large negative value")
                 _check_mask_position(cap, scale, "`where` mask")
-                chain.append(("mask", node, (pred, fill[0] == 1)))  # fill in case 1 -> mask = not pred
+                chain.append(("mask", node, (pred, fill[0] == 1, None, f)))  # fill in case 1: not pred
                 cur = cases[1 - fill[0]]
             elif len(dyn) != 1:
                 if name == "add":
@@ -232,13 +188,61 @@ def match_pv(ir: IR, sl: Slices, pv: Node, backend: str, empty_rows: str = "fall
                 scale *= c if name == "mul" else 1.0 / c
                 cur = dyn[0]
         elif name == "dot_general":
-            qk = node
             break
         else:
             raise NotSparsifiable(f"the attention logits pass through `{name}`, which splat cannot express")
     if cap is not None:
         scale *= cap  # logits = cap * tanh(inner * qk) = cap * tanh((inner * cap) * qk / cap)
-    chain.reverse()
+    return chain[::-1], scale, cap, node
+
+
+def _division(ir: IR, sl: Slices, pv: Node, sm: Softmax):
+    """``(div, z labels, key, shape ops)``: ``exp(...) @ V`` divided by the row sum after it."""
+    v, fwd = pv.outs[0], []
+    while True:
+        users = ir.users(v)
+        if len(users) != 1:
+            return None
+        u = users[0]
+        if u.prim.name in _PASS + ("transpose",) and u.ins[0] == v:
+            fwd.append(u)
+            v = u.outs[0]
+        elif u.prim.name == "div" and u.ins[0] == v:
+            break
+        else:
+            return None
+    stat = row_stat(ir, sl, u.ins[1], "reduce_sum")
+    if stat is None or stat[0] != sm.e_root:
+        return None
+    return u, stat[1], stat[2], fwd
+
+
+def match_pv(ir: IR, sl: Slices, pv: Node, backend: str, empty_rows: str = "fallback") -> Match | None:
+    """Match one ``dot_general`` as ``softmax(...) @ V``; None if it is not attention.
+
+    Raises:
+      NotSparsifiable: it is attention, but splat cannot take it (message says why).
+    """
+    (lc, rc), (lb, rb) = pv.params["dimension_numbers"]
+    if len(lc) != 1:
+        return None
+    for side in (0, 1):
+        got = _probs(ir, sl, pv.ins[side])
+        if got is not None:
+            break
+    else:
+        return None
+    sm, p_items = got
+    division = None
+    if not sm.normalised:
+        division = _division(ir, sl, pv, sm)
+        if division is None or (sm.axis is not None and sm.axis != division[2]):
+            return None
+        sm.axis = division[2]
+    walked = _walk_logits(ir, sl, sm.x)
+    if walked is None:
+        return None
+    chain, scale, cap, qk = walked
     # labels: QK^T output axis numbers (atoms), carried forward to the softmax and to P
     qk_shape = ir.shape(qk.outs[0])
 
@@ -246,20 +250,38 @@ def match_pv(ir: IR, sl: Slices, pv: Node, backend: str, empty_rows: str = "fall
         return qk_shape[atom]
 
     labels: list = list(range(len(qk_shape)))
-    mask_terms, runtime_leaves = [], []
+    mask_terms, runtime_leaves, pre_leaves, fills = [], [], [], []
     for kind, node, info in chain:
         if kind == "pass":
             labels = _forward_labels(ir, labels, [node], size)
         elif kind == "mask":
-            static, dynamic = rt_ops.split_predicate(ir, sl, info[0], labels, info[1], size)
-            mask_terms += [("where", leaf.vid, leaf.negate, list(leaf.labels)) for leaf in static]
+            static, dynamic = split_predicate(ir, sl, info[0], labels, info[1], size)
+            mask_terms += [mask_term(leaf) for leaf in static]
             runtime_leaves += dynamic
+            pre_leaves += static + dynamic
+            fills.append(info[3])
         elif kind == "bias":
             mask_terms.append(("bias", info, False, labels))
-    kv = labels[axis]
+            fills.append(-np.inf)  # a 0/-inf bias: a fully masked row is NaN
+    # masks of the exponentials (and, unnormalised, of the product's operand): fill -inf
+    e_masks = [(m, labels) for m in sm.masks]
+    p_labels = _forward_labels(ir, labels, sm.to_p, size)
+    post = []
+    for kind, node, info in p_items:
+        if kind == "pass":
+            p_labels = _forward_labels(ir, p_labels, [node], size)
+        else:
+            post.append((info, p_labels))
+    for (pred, negate, test), lab in e_masks:
+        static, dynamic = split_predicate(
+            ir, sl, pred, no_labels_on_size1(ir, pred, lab), negate, size, test=test
+        )
+        mask_terms += [mask_term(leaf) for leaf in static]
+        runtime_leaves += dynamic
+        fills.append(-np.inf)
+    kv = labels[sm.axis]
     if not isinstance(kv, int):
         return None
-    p_labels = _forward_labels(ir, labels, p_chain, size)
 
     (qlc, qrc), (qlb, qrb) = qk.params["dimension_numbers"]
     if len(qlc) != 1:
@@ -292,12 +314,9 @@ def match_pv(ir: IR, sl: Slices, pv: Node, backend: str, empty_rows: str = "fall
     q_free = [lab for lab in q_lab if isinstance(lab, int) and lab >= nb]
 
     # P @ V: P's contracting axis must be the kv axis
-    p_side = side
-    v_vid = pv.ins[1 - p_side]
-    p_con = (lc, rc)[p_side][0]
-    v_con = (lc, rc)[1 - p_side][0]
-    p_bat = (lb, rb)[p_side]
-    v_bat = (lb, rb)[1 - p_side]
+    v_vid = pv.ins[1 - side]
+    p_con, v_con = (lc, rc)[side][0], (lc, rc)[1 - side][0]
+    p_bat, v_bat = (lb, rb)[side], (lb, rb)[1 - side]
     if p_labels[p_con] != kv:
         return None
     v_rank = len(ir.shape(v_vid))
@@ -313,7 +332,10 @@ def match_pv(ir: IR, sl: Slices, pv: Node, backend: str, empty_rows: str = "fall
     v_lab[v_free[0]] = "e"
     p_free = [p_labels[a] for a in range(len(p_labels)) if a != p_con and a not in p_bat]
     out_labels = [p_labels[a] for a in p_bat]
-    out_labels += p_free + ["e"] if p_side == 0 else ["e"] + p_free
+    out_labels += p_free + ["e"] if side == 0 else ["e"] + p_free
+    out_vid = pv.outs[0]
+    if division is not None:
+        out_labels, out_vid = _divided_labels(ir, division, out_labels, labels, size)
 
     # which query-free axis is the sequence axis? the one the masks vary along
     mask_axes: set = set()
@@ -321,19 +343,25 @@ def match_pv(ir: IR, sl: Slices, pv: Node, backend: str, empty_rows: str = "fall
     while todo:
         kind, vid, negate, lab = term = todo.pop(0)
         dims = {lab[a] for a in sl.deps(vid)} if len(ir.shape(vid)) == len(lab) else set()
-        if kind == "where" and dims - set(q_free) - {kv}:
+        if kind != "bias" and dims - set(q_free) - {kv}:
             # a constant that varies across the batch (a concrete padding mask argument): its
             # parts that do are passed at run time like an input's
-            static, dynamic = rt_ops.split_predicate(ir, sl, vid, lab, negate, size, split_constants=True)
+            test = kind[1:] if isinstance(kind, tuple) else None
+            static, dynamic = split_predicate(ir, sl, vid, lab, negate, size, split_constants=True, test=test)
             if len(static) == 1 and static[0].vid == vid:  # nothing to split
                 runtime_leaves.append(static[0])
             else:
-                todo += [("where", leaf.vid, leaf.negate, list(leaf.labels)) for leaf in static]
+                todo += [mask_term(leaf) for leaf in static]
                 runtime_leaves += dynamic
             continue
         mask_terms.append(term)
         mask_axes |= dims
     if not mask_terms and not runtime_leaves:
+        if post:
+            raise NotSparsifiable(
+                "the attention probabilities are masked only after the softmax (`where`/`*` on them): they "
+                "are not renormalised, so this is not the masked attention splat computes"
+            )
         raise NotSparsifiable("found dense attention without a mask; nothing to sparsify")
     if mask_axes - set(q_free) - {kv}:
         raise NotSparsifiable("the attention mask differs across batch or heads")
@@ -347,7 +375,14 @@ def match_pv(ir: IR, sl: Slices, pv: Node, backend: str, empty_rows: str = "fall
     t = seq[0]
     q_len, kv_len = qk_shape[t], qk_shape[kv]
 
-    mask = _make_mask(sl, mask_terms, t, kv, q_len, kv_len) if mask_terms else masks.full()
+    mask = make_mask(sl, mask_terms, t, kv, q_len, kv_len) if mask_terms else masks.full()
+    # Keras's Softmax(mask) masks the probabilities again: exact when it is the same mask, and
+    # then a fully masked row is 0 in the dense function too (select; mul unless a fill is -inf)
+    zero_rows = False
+    if post:
+        others = bool(e_masks) or any(kind == "bias" for kind, _, _ in chain)
+        same = same_post_mask(ir, sl, post, pre_leaves, mask, (t, kv, q_len, kv_len), size, others)
+        zero_rows = same and (all(info[2] is None for info, _ in post) or all(np.isfinite(f) for f in fills))
     try:
         layout = analyze(mask, q_len, kv_len)  # evaluates (and caches) the layout now: errors surface here
     except NotSparsifiable:
@@ -355,117 +390,56 @@ def match_pv(ir: IR, sl: Slices, pv: Node, backend: str, empty_rows: str = "fall
     except Exception as e:  # a mask splat cannot analyse: report, do not crash the user's model
         raise NotSparsifiable(f"the detected mask could not be analysed ({type(e).__name__}: {e})") from e
     empty = np.flatnonzero(layout.row_counts() == 0)
-    if empty.size and empty_rows != "zero":
-        fills = [sl.scalar(n.ins[1 + int(info[1])]) for kind, n, info in chain if kind == "mask"]
-        dense = (
-            "NaN"
-            if any(not np.isfinite(f) for f in fills) or any(k == "bias" for k, _, _ in chain)
-            else "mean(V)"
-        )
+    if empty.size and empty_rows != "zero" and not zero_rows:
+        dense = "NaN" if any(not np.isfinite(f) for f in fills) else "mean(V)"
         raise NotSparsifiable(
             f"the mask leaves {empty.size} query row(s) fully masked (first: row {int(empty[0])}); splat "
             f"outputs 0 there but this function outputs {dense}, so it was left dense "
             '(pass empty_rows="zero" to accept zeros on those rows)'
         )
 
-    # arrangement for splat: q [B, T, heads*group, D], k/v [B, S, heads, D]
     sizes = {lab: qk_shape[lab] for lab in range(len(qk_shape))}
     sizes["e"] = ir.shape(v_vid)[v_free[0]]
     t_pos = q_lab.index(t)
     batch = [lab for i, lab in enumerate(q_lab) if isinstance(lab, int) and lab < nb and i < t_pos]
     heads = [lab for i, lab in enumerate(q_lab) if isinstance(lab, int) and lab < nb and i > t_pos]
-    runtime = rt_ops.classify(ir, runtime_leaves, batch, t, kv, size)
-    if runtime.q_valid and empty_rows != "zero":
+    runtime = rt_ops.classify(ir, sl, runtime_leaves, batch, t, kv, size)
+    if runtime.q_valid and empty_rows != "zero" and not zero_rows:
         raise NotSparsifiable(
             "the mask has a query padding term computed from the function's inputs: its padded rows see "
             "no key, where splat outputs 0 and this function does not, so it was left dense "
             '(pass empty_rows="zero" to accept zeros on those rows)'
         )
     group = [lab for lab in q_free if lab != t]
-    n_heads, n_group = math.prod(sizes[h] for h in heads), math.prod(sizes[g] for g in group)
-    out_dtype = ir.avals[pv.outs[0]].dtype
-
-    def arrange(x, lab, order, tail):
-        present = [lab.index(o) for o in order + [tail] if o in lab]
-        extra = [a for a in range(len(lab)) if lab[a] not in order and lab[a] != tail]  # size-1 axes
-        x = jnp.transpose(x, present + extra).reshape([x.shape[a] for a in present])
-        for i, o in enumerate(order + [tail]):
-            if o not in lab:
-                x = jnp.expand_dims(x, i)
-        return x
-
-    def run(qv, kv_arr, vv, *extra):
-        b = math.prod(sizes[lab] for lab in batch)
-        qs = arrange(qv, q_lab, batch + [t] + heads + group, "d").reshape(b, q_len, n_heads * n_group, -1)
-        ks = arrange(kv_arr, k_lab, batch + [kv] + heads, "d").reshape(b, kv_len, n_heads, -1)
-        vs = arrange(vv, v_lab, batch + [kv] + heads, "e")
-        vs = jnp.broadcast_to(vs, [sizes[lab] for lab in batch + [kv] + heads] + [sizes["e"]])
-        vs = vs.reshape(b, kv_len, n_heads, -1)
-        if cap is None and not extra:
-            qs, ks, vs, s = _attention._check_qkv(qs, ks, vs, scale)
-            o = _attention._attend(qs, ks, vs, layout, s, backend)  # the layout analysed above, not again
-        else:
-            seg = rt_ops.segment_arrays(runtime, extra, batch, t, kv, sizes) if extra else (None, None)
-            o = _attention.attention(
-                qs,
-                ks,
-                vs,
-                layout,
-                scale=scale,
-                segment_ids=seg[0],
-                kv_segment_ids=seg[1],
-                logits_soft_cap=cap,
-                backend=backend,
-            )
-        order = batch + [t] + heads + group + ["e"]
-        o = o.reshape([sizes[lab] for lab in order])
-        return jnp.transpose(o, [order.index(lab) for lab in out_labels]).astype(out_dtype)
-
+    arrangement = Arrangement(q_lab, k_lab, v_lab, out_labels, batch, heads, group, t, kv, sizes)
+    run = attention_call(arrangement, layout, scale, cap, runtime, backend, ir.avals[out_vid].dtype)
     found = Found(
         mask=mask,
         q_len=q_len,
         kv_len=kv_len,
         scale=float(scale),
-        heads=(n_heads, n_group),
+        heads=(int(np.prod([sizes[h] for h in heads])), int(np.prod([sizes[g] for g in group]))),
         soft_cap=None if cap is None else float(cap),
         runtime=runtime.describe(),
     )
-    return Match(pv.outs[0], q_vid, k_vid, v_vid, run, found, tuple(runtime.vids))
+    return Match(out_vid, q_vid, k_vid, v_vid, run, found, tuple(runtime.vids))
 
 
-_MASK_CACHE: dict[str, Any] = {}
-
-
-def _make_mask(sl: Slices, terms, t, kv, q_len: int, kv_len: int) -> masks.Mask:
-    """The Mask of the constant mask terms; equal terms share one Mask value.
-
-    Constructors when the symbolic pass recognises the terms (O(q_len + kv_len) work,
-    see ``recognise``), else an exact ``masks.from_fn`` predicate evaluated in row chunks.
-    """
-    ir = sl.ir
-    parts = []
-    for kind, vid, negate, lab in terms:
-        roles = tuple("q" if x == t else "k" if x == kv else "0" for x in lab) if ir.shape(vid) else ()
-        parts.append((kind, vid, negate, roles))
-    key = f"{q_len}x{kv_len}|" + "|".join(f"{k}:{sl.fingerprint(v)}:{n}:{''.join(r)}" for k, v, n, r in parts)
-    if key in _MASK_CACHE:
-        return _MASK_CACHE[key]
-    if len(_MASK_CACHE) > 256:
-        _MASK_CACHE.clear()
-    mask = recognise(sl, parts, q_len, kv_len)
-    if mask is not None:
-        _MASK_CACHE[key] = mask
-        return mask
-
-    def predicate(q_idx, kv_idx):
-        q_idx, kv_idx = np.asarray(q_idx), np.asarray(kv_idx)
-        memo: dict = {}
-        out = np.ones(np.broadcast_shapes(q_idx.shape, kv_idx.shape), dtype=bool)
-        for kind, vid, negate, roles in parts:
-            idx = tuple(q_idx if r == "q" else kv_idx if r == "k" else 0 for r in roles)
-            keep = kept(sl.value(vid, idx, memo), kind)
-            out &= ~keep if negate else keep
-        return out
-
-    _MASK_CACHE[key] = mask = masks.from_fn(predicate)
-    return mask
+def _divided_labels(ir: IR, division, out_labels: list, x_labels: list, size) -> tuple[list, int]:
+    """Labels of ``(exp(...) @ V) / rowsum`` after checking the row sum lines up with each row."""
+    div, z_labels, _, fwd = division
+    out = _forward_labels(ir, out_labels, fwd, size)
+    z = div.ins[1]
+    o_shape, z_shape = ir.shape(div.ins[0]), ir.shape(z)
+    if len(z_shape) != len(o_shape):
+        raise NotSparsifiable("the attention output is divided by a row sum of another shape")
+    for a, lab in enumerate(out):
+        zl = z_labels[a]
+        zq = x_labels[zl] if isinstance(zl, int) else None  # the row sum's axis as a score atom
+        if o_shape[a] == 1:
+            continue
+        if (lab == "e" and zq is not None) or (lab != "e" and (zq != lab or z_shape[a] != o_shape[a])):
+            raise NotSparsifiable(
+                "the attention output is divided by a sum that is not its rows' softmax sum"
+            )
+    return out, div.outs[0]

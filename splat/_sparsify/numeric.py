@@ -17,10 +17,20 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
-from splat._sparsify.indexing import SHAPE_OPS, operand_index, size1_map
+from splat._sparsify.indexing import SHAPE_OPS, operand_index, reshape_groups, size1_map
 from splat._sparsify.ir import IR, bind_params
 
-__all__ = ["ELEMENTWISE", "EXTRA_ELEMENTWISE", "NEG_THRESHOLD", "NotSparsifiable", "Slices", "kept"]
+__all__ = [
+    "ELEMENTWISE",
+    "EXTRA_ELEMENTWISE",
+    "NEG_THRESHOLD",
+    "NotSparsifiable",
+    "TESTS",
+    "Slices",
+    "is_random",
+    "kept",
+    "operand_idx",
+]
 
 # A where-fill or additive-bias entry at or below this counts as "masked out".
 NEG_THRESHOLD = -1e4
@@ -32,13 +42,30 @@ class NotSparsifiable(Exception):
     """A candidate attention was found but cannot be handed to splat (message says why)."""
 
 
-def kept(vals, kind: str) -> np.ndarray:
-    """Where a mask term keeps the logit: ``kind`` "where" (a boolean predicate) or "bias" (0 / -inf).
+# comparison tests a mask term may apply to its value (``kind`` ("test", op, c), see ``kept``)
+TESTS: dict[str, Callable] = {
+    "eq": np.equal,
+    "ne": np.not_equal,
+    "lt": np.less,
+    "le": np.less_equal,
+    "gt": np.greater,
+    "ge": np.greater_equal,
+}
+
+
+def kept(vals, kind) -> np.ndarray:
+    """Where a mask term keeps the logit.
+
+    ``kind``: "where" (a predicate, kept where nonzero), "bias" (0 / -inf), or
+    ``("test", op, c)``: kept where ``op(value, c)`` (a comparison pushed down through
+    ``min``/``max`` of integer masks, see ``predicate.split_predicate``).
 
     Raises:
       NotSparsifiable: a bias entry is neither 0 nor at most ``NEG_THRESHOLD``.
     """
     vals = np.asarray(vals)
+    if isinstance(kind, tuple):
+        return TESTS[kind[1]](vals, kind[2])
     if kind == "where":
         return vals.astype(bool)
     keep = vals > NEG_THRESHOLD
@@ -106,6 +133,24 @@ ELEMENTWISE: dict[str, Callable] = {
 EXTRA_ELEMENTWISE = ("select_n", "clamp", "integer_pow")
 
 
+def is_random(node) -> bool:
+    """A primitive whose value is not a function of its operands (random bits, side effects)."""
+    name = node.prim.name
+    return name.startswith(("random_", "threefry")) or "rng" in name or bool(node.effects)
+
+
+def operand_idx(idx: tuple, shape, operand_shape) -> tuple:
+    """The index of an elementwise operand: the same, or () for a scalar; 0 on its size-1 axes.
+
+    Since jax 0.10 elementwise primitives broadcast size-1 axes implicitly (vmapped softmaxes
+    subtract a ``[..., 1]`` row max from ``[..., S]`` logits), so an operand's size-1 axis must
+    read index 0 whatever the output index is.
+    """
+    if len(operand_shape) != len(shape):
+        return ()
+    return tuple(0 if n == 1 and m != 1 else i for i, n, m in zip(idx, operand_shape, shape, strict=True))
+
+
 class Slices:
     """Questions about constant sub-graphs of an IR: independence, dependence axes, values."""
 
@@ -120,8 +165,9 @@ class Slices:
         """The whole value of ``vid`` when it is known as an array (a constant, or evaluated whole)."""
         if vid in self._dense:
             return self._dense[vid]
-        if vid in self.ir.consts:
-            return np.asarray(self.ir.consts[vid])
+        c = self.ir.consts.get(vid)
+        if c is not None and not isinstance(c, jax.core.Tracer):
+            return np.asarray(c)
         return None
 
     # -- input independence ------------------------------------------------------------
@@ -133,19 +179,16 @@ class Slices:
             v, ready = stack.pop()
             if v in self._indep:
                 continue
-            if v in ir.consts:
-                self._indep[v] = not isinstance(ir.consts[v], jax.core.Tracer)
-                continue
             node = ir.node_of(v)
-            if node is None:  # a function input
-                self._indep[v] = False
+            if node is None:  # a function input, or a constant (a tracer of an enclosing trace is not)
+                self._indep[v] = v in ir.consts and not isinstance(ir.consts[v], jax.core.Tracer)
             elif not ready:
                 stack.append((v, True))
                 stack.extend((u, False) for u in node.ins if u not in self._indep)
             else:
-                name = node.prim.name
-                random = name.startswith("random_") or "rng" in name or node.prim.multiple_results
-                self._indep[v] = not random and all(self._indep[u] for u in node.ins)
+                # a constant through any pure primitive stays constant, multiple-result ones
+                # (custom_jvp functions such as relu, sorts) included
+                self._indep[v] = not is_random(node) and all(self._indep[u] for u in node.ins)
         return self._indep[vid]
 
     # -- axes a constant value varies along --------------------------------------------
@@ -156,10 +199,12 @@ class Slices:
         ir = self.ir
         shape = ir.shape(vid)
         c = self.constant(vid)
+        node = ir.node_of(vid)
         if c is not None:
             d = frozenset(a for a in range(c.ndim) if c.shape[a] > 1 and np.any(np.take(c, [0], axis=a) != c))
+        elif node is None:  # an input or an outer tracer: may vary along every axis
+            d = frozenset(a for a, n in enumerate(shape) if n > 1)
         else:
-            node = ir.node_of(vid)
             name = node.prim.name
             p = node.params
             ins = node.ins
@@ -175,8 +220,9 @@ class Slices:
                 m = size1_map(ir.shape(ins[0]), shape)
                 if m is not None:
                     d = frozenset(o for o, i in m.items() if i in src)
-                else:
-                    d = frozenset(a for a, n in enumerate(shape) if n > 1) if src else frozenset()
+                else:  # an output axis varies only if an input axis of its reshape group does
+                    groups = reshape_groups(ir.shape(ins[0]), shape)
+                    d = frozenset(o for gi, go in groups if src & set(gi) for o in go if shape[o] > 1)
             elif (
                 name in ("slice", "rev", "convert_element_type")
                 or name in ELEMENTWISE
@@ -205,11 +251,18 @@ class Slices:
             )
         invals = [self.full(u) for u in node.ins]
         subfuns, params = bind_params(node)
-        with jax.ensure_compile_time_eval():
-            ans = node.prim.bind(*subfuns, *invals, **params)
-        if node.prim.multiple_results:
-            raise NotSparsifiable(f"the mask uses `{node.prim.name}`, which splat cannot evaluate")
-        self._dense[vid] = np.asarray(ans)
+        try:
+            with jax.ensure_compile_time_eval():
+                ans = node.prim.bind(*subfuns, *invals, **params)
+        except Exception as e:
+            raise NotSparsifiable(
+                f"the mask uses `{node.prim.name}`, which splat cannot evaluate ({type(e).__name__})"
+            ) from e
+        if node.prim.multiple_results:  # e.g. a custom_jvp function: keep every output
+            for o, a in zip(node.outs, ans, strict=True):
+                self._dense[o] = np.asarray(a)
+        else:
+            self._dense[vid] = np.asarray(ans)
 
     def full(self, vid: int) -> np.ndarray:
         """The whole value of ``vid`` (small values only: used to evaluate unknown primitives)."""
@@ -240,7 +293,7 @@ class Slices:
         name, p, ins = node.prim.name, node.params, node.ins
 
         def same(u):  # operand of an elementwise op: same index, or a scalar
-            return self.value(u, idx if len(ir.shape(u)) == len(shape) else (), memo)
+            return self.value(u, operand_idx(idx, shape, ir.shape(u)), memo)
 
         if name in SHAPE_OPS:
             return self.value(ins[0], operand_index(name, p, ir.shape(ins[0]), shape, idx), memo)
@@ -276,10 +329,12 @@ class Slices:
         if vid in self._fp:
             return self._fp[vid]
         ir = self.ir
-        if vid in ir.consts:
-            c = np.asarray(ir.consts[vid])
+        c = self.constant(vid) if ir.node_of(vid) is None else None
+        if c is not None:
             h = hashlib.blake2b(np.ascontiguousarray(c).tobytes(), digest_size=12).hexdigest()
             fp = f"c({c.dtype},{c.shape},{h})"
+        elif ir.node_of(vid) is None:  # an input, or an opaque outer tracer: only itself
+            fp = f"input({vid})"
         else:
             node = ir.node_of(vid)
             k = ir.prod[vid][1]

@@ -1,19 +1,21 @@
 """Input-dependent mask terms -> ``splat.attention``'s runtime arguments.
 
-A ``jnp.where(pred, scores, fill)`` predicate is split into an AND of *leaves* (through ``and``,
-``or`` under negation, ``not`` and shape ops on booleans, each leaf keeping the labels of its
-axes; see :mod:`splat._sparsify.labels`). Leaves that depend only on literals, constants and iota
-stay static mask terms. The others must be one of:
+A ``jnp.where(pred, scores, fill)`` predicate is split into AND-ed *leaves*
+(:func:`splat._sparsify.predicate.split_predicate`). Leaves that depend only on literals,
+constants and iota stay static mask terms. The others must be one of:
 
 - a key padding mask: varies only along batch and key axes (``input_mask[:, None, :]``, any
-  boolean or integer ``[B, 1, S]`` / ``[B, S]`` broadcast) -> ``kv_segment_ids = where(valid, 0, 2)``;
+  boolean or integer ``[B, 1, S]`` / ``[B, S]`` broadcast, or an integer one under a test such
+  as Keras's ``mask > 0``) -> ``kv_segment_ids = where(valid, 0, 2)``;
 - a query padding mask: varies only along batch and query axes (its rows are left with no key;
   see ``empty_rows``);
 - equality of two id arrays, one varying along the query axis and one along the key axis
   (``seg[:, :, None] == seg[:, None, :]``) -> ``segment_ids`` / ``kv_segment_ids``.
 
 Anything else (a comparison of input-dependent positions, a mask varying across heads, ...)
-raises :class:`NotSparsifiable` naming the operation. :func:`segment_arrays` combines the leaves
+raises :class:`NotSparsifiable` naming the operation; a constant that varies across the batch
+or heads, or a value of an enclosing trace splat cannot see into, is named as such (not as
+input-dependent). :func:`segment_arrays` combines the leaves
 at run time into one ``(segment_ids [B, Sq], kv_segment_ids [B, Skv])`` pair (int32): ids alone
 are passed unchanged; with padding too they are doubled and padding gets odd ids, so ids that
 differ by a multiple of 2**31 would collide (documented, not expected of real ids). Padding ids
@@ -26,32 +28,34 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from splat._sparsify import labels as lab_ops
 from splat._sparsify.ir import IR
 from splat._sparsify.numeric import NotSparsifiable, Slices
+from splat._sparsify.predicate import STRIP, Leaf, split_predicate
 
 __all__ = ["Leaf", "Runtime", "classify", "segment_arrays", "split_predicate"]
 
-_STRIP = ("broadcast_in_dim", "transpose", "reshape", "squeeze", "copy", "copy_p")
-
-
-@dataclass(frozen=True)
-class Leaf:
-    """One AND-ed term of a mask predicate: ``vid`` (negated when ``negate``), its axes' labels."""
-
-    vid: int
-    labels: tuple
-    negate: bool
+# a leaf's test (see ``predicate.Leaf``), applied to the traced array at run time
+_TESTS = {
+    "eq": jnp.equal,
+    "ne": jnp.not_equal,
+    "lt": jnp.less,
+    "le": jnp.less_equal,
+    "gt": jnp.greater,
+    "ge": jnp.greater_equal,
+}
 
 
 @dataclass(frozen=True)
 class Runtime:
     """The runtime mask terms of one attention, as value ids of the (stripped) source arrays.
 
-    ``kv_valid``/``q_valid``: ``(vid, labels, negate)`` of boolean padding masks; ``ids``:
+    ``kv_valid``/``q_valid``: ``(vid, labels, negate[, test])`` of padding masks (a test
+    ``(op, c)``: the mask is ``op(value, c)``; none: ``value != 0``); ``ids``:
     ``((q_vid, q_labels), (kv_vid, kv_labels))`` of one id equality, or None.
     """
 
@@ -61,7 +65,7 @@ class Runtime:
 
     @property
     def vids(self) -> list[int]:
-        out = [v for v, _, _ in self.kv_valid + self.q_valid]
+        out = [term[0] for term in self.kv_valid + self.q_valid]
         if self.ids is not None:
             out += [self.ids[0][0], self.ids[1][0]]
         return out
@@ -76,54 +80,6 @@ class Runtime:
             )
             if on
         )
-
-
-def _is_bool(ir: IR, vid: int) -> bool:
-    return np.dtype(ir.avals[vid].dtype) == np.bool_
-
-
-def split_predicate(
-    ir: IR,
-    sl: Slices,
-    vid: int,
-    labels: Sequence,
-    negate: bool,
-    size: Callable[[int], int],
-    split_constants: bool = False,
-) -> tuple[list[Leaf], list[Leaf]]:
-    """(constant leaves, input-dependent leaves) whose AND is ``vid`` (``not vid`` when ``negate``).
-
-    A constant sub-predicate is kept whole (the symbolic pass reads and/or/not itself) unless
-    ``split_constants``: then it is split too (a constant mask that varies across the batch).
-    """
-    static: list[Leaf] = []
-    runtime: list[Leaf] = []
-    stack = [(vid, tuple(labels), negate)]
-    while stack:
-        v, lab, neg = stack.pop()
-        node = ir.node_of(v)
-        indep = sl.independent(v)
-        leaves = static if indep else runtime
-        if (indep and not split_constants) or node is None or not _is_bool(ir, v):
-            leaves.append(Leaf(v, lab, neg))
-            continue
-        name = node.prim.name
-        if (name == "and" and not neg) or (name == "or" and neg):
-            shape = ir.shape(v)
-            for u in node.ins:  # same rank; size-1 operand axes broadcast
-                ushape = ir.shape(u)
-                stack.append((u, tuple(x if ushape[a] == shape[a] else None for a, x in enumerate(lab)), neg))
-        elif name == "not":
-            stack.append((node.ins[0], lab, not neg))
-        elif name in _STRIP or (name == "convert_element_type" and _is_bool(ir, node.ins[0])):
-            back = lab_ops.backward(ir, node, lab, size)
-            if back is None:
-                leaves.append(Leaf(v, lab, neg))
-            else:
-                stack.append((node.ins[0], tuple(back), neg))
-        else:
-            leaves.append(Leaf(v, lab, neg))
-    return static, runtime
 
 
 def _strip(ir: IR, vid: int, labels: Sequence, size, keep_value: bool) -> tuple[int, tuple]:
@@ -147,7 +103,7 @@ def _strip(ir: IR, vid: int, labels: Sequence, size, keep_value: bool) -> tuple[
                 ok = dst == np.bool_ and ints
             if not ok:
                 return vid, labels
-        elif name not in _STRIP:
+        elif name not in STRIP:
             return vid, labels
         back = lab_ops.backward(ir, node, labels, size)
         if back is None:
@@ -161,6 +117,7 @@ def _varies(ir: IR, vid: int, labels: Sequence) -> set:
 
 def classify(
     ir: IR,
+    sl: Slices,
     leaves: list[Leaf],
     batch: Sequence,
     t,
@@ -175,17 +132,19 @@ def classify(
     on_kv, on_q = set(batch) | {kv}, set(batch) | {t}
     kv_valid, q_valid, ids = [], [], []
     for leaf in leaves:
-        src, lab = _strip(ir, leaf.vid, leaf.labels, size, keep_value=False)
+        # a test reads the integers themselves: only shape ops and widening casts are crossed
+        src, lab = _strip(ir, leaf.vid, leaf.labels, size, keep_value=leaf.test is not None)
         dims = _varies(ir, src, lab)
+        term = (src, lab, leaf.negate) + ((leaf.test,) if leaf.test is not None else ())
         if dims <= on_kv:
-            kv_valid.append((src, lab, leaf.negate))
+            kv_valid.append(term)
             continue
         if dims <= on_q:
-            q_valid.append((src, lab, leaf.negate))
+            q_valid.append(term)
             continue
         node = ir.node_of(leaf.vid)
         name = node.prim.name if node is not None else "an input"
-        if (name == "eq" and not leaf.negate) or (name == "ne" and leaf.negate):
+        if leaf.test is None and ((name == "eq" and not leaf.negate) or (name == "ne" and leaf.negate)):
             shape = ir.shape(leaf.vid)
             sides = []
             for u in node.ins:
@@ -202,6 +161,21 @@ def classify(
                     )
                 ids.append(((sides[0][0], sides[0][1]), (sides[1][0], sides[1][1])))
                 continue
+        if sl.independent(leaf.vid):
+            what = (f"`{name}` on " if node is not None else "a constant array, ") + ir.avals[
+                leaf.vid
+            ].str_short()
+            raise NotSparsifiable(
+                f"the attention mask is a constant ({what}) that varies across "
+                "the batch or across heads, and along both query and key positions; splat takes one constant "
+                "mask for every batch row and head, plus a per-key (or per-query) padding mask or segment ids"
+            )
+        if node is None and isinstance(ir.consts.get(leaf.vid), jax.core.Tracer):
+            raise NotSparsifiable(
+                f"the attention mask uses a value ({ir.avals[leaf.vid].str_short()}) closed over from an "
+                "enclosing trace (jit, vmap, grad) whose computation splat cannot see; build the mask "
+                "inside the function passed to sparsify, or apply sparsify outside that trace"
+            )
         raise NotSparsifiable(
             f"the attention mask depends on the function's inputs through `{name}` on "
             f"{ir.avals[leaf.vid].str_short()} values that vary along both query and key positions "
@@ -235,8 +209,12 @@ def segment_arrays(rt: Runtime, vals: Sequence, batch: Sequence, t, kv, sizes: d
 
     def valid(terms, seq):
         out = None
-        for _, lab, neg in terms:
-            x = _gather(next(it), lab, list(batch) + [seq], sizes).astype(bool)
+        for term in terms:
+            lab, neg = term[1], term[2]
+            x = _gather(next(it), lab, list(batch) + [seq], sizes)
+            if len(term) > 3:  # (op, c): e.g. an integer padding mask read as `mask > 0`
+                x = _TESTS[term[3][0]](x, term[3][1])
+            x = x.astype(bool)
             x = ~x if neg else x
             out = x if out is None else out & x
         return out
