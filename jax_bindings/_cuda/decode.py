@@ -30,7 +30,7 @@ from jax_bindings._cuda import compiler, launch, parts, runtime_tables
 MAX_TOKENS = 32  # query tokens of a batch row: one lane of warp 0 plans each
 ELEMENT_TYPES = {"bfloat16": "Bf16", "float16": "Fp16"}
 LOG2E = math.log2(math.e)
-_CTAS_PER_SM = 2  # what the tiles' shared memory allows (decode_tile)
+SMEM_PER_SM = 228 * 1024  # an SM's shared memory (Hopper), 1 KiB of it reserved a CTA
 SMEM_LIMIT = 227 * 1024
 
 
@@ -179,11 +179,17 @@ def max_keys(layout: ACSR) -> int:
     return int(layout.row_counts().max(initial=0))
 
 
-def choose_splits(ctas: int, tiles: int, sms: int) -> int:
+def ctas_per_sm(smem: int) -> int:
+    """CTAs of ``smem`` bytes of dynamic shared memory that one SM holds at once."""
+    return max(1, SMEM_PER_SM // (smem + 1024))
+
+
+def choose_splits(ctas: int, tiles: int, sms: int, per_sm: int = 2) -> int:
     """Splits of each row's key walk: the count that minimises the waves of CTAs times the tiles
     a CTA walks, with ~1.5 tiles of fixed cost a CTA (its first loads) and ~2 for the merge of
-    more than one split. ``ctas``: CTAs of one split; ``tiles``: the walk's tiles (static bound)."""
-    slots = max(1, sms * _CTAS_PER_SM)
+    more than one split. ``ctas``: CTAs of one split; ``tiles``: the walk's tiles (static bound);
+    ``per_sm``: CTAs an SM holds (:func:`ctas_per_sm`)."""
+    slots = max(1, sms * per_sm)
     best, best_cost = 1, math.inf
     for s in range(1, max(1, min(tiles, 256)) + 1):
         waves = -(-ctas * s // slots)
@@ -267,7 +273,9 @@ def forward(
     row_blocks = -(-sq * (h // hk) // tile.rows)
     tiles = -(-max_keys(layout) // tile.block_n) + len(layout.segments)
     if splits is None:
-        splits = choose_splits(b * hk * row_blocks, tiles, sms)
+        probe = DecodeVariant(d, jnp.dtype(q.dtype).name, sq, h // hk, len(layout.segments), page_size, ids,
+                              soft_cap, True, tile)  # shared memory does not depend on the split
+        splits = choose_splits(b * hk * row_blocks, tiles, sms, ctas_per_sm(probe.smem))
     variant = DecodeVariant(
         d,
         jnp.dtype(q.dtype).name,
