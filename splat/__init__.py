@@ -18,6 +18,7 @@ from splat import (
 from splat._analyzer import Report, analyze, report
 from splat._attention import attention, sddmm, softmax, spmm
 from splat._buckets import bucket_length, pad_to_bucket
+from splat._call_log import CallRecord, call_counts, call_log
 from splat._decorator import SparseAttentionFallbackWarning, sparse_attention
 from splat._kvcache import attention_with_kvcache, update_kvcache
 from splat._neighborhood_attention import neighborhood_attention
@@ -26,6 +27,7 @@ from splat._sparsify import SparsifyWarning, sparsify
 __version__ = "0.1.0"
 
 __all__ = [
+    "CallRecord",
     "Report",
     "SparseAttentionFallbackWarning",
     "SparsifyWarning",
@@ -33,6 +35,8 @@ __all__ = [
     "attention",
     "attention_with_kvcache",
     "bucket_length",
+    "call_counts",
+    "call_log",
     "flax",
     "masks",
     "neighborhood_attention",

@@ -58,7 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_bindings import check_backend
-from splat import _attention, _runtime_args, masks
+from splat import _attention, _call_log, _runtime_args, masks
 from splat._analyzer import analyze
 
 __all__ = [
@@ -414,6 +414,7 @@ class CallChecker:
           dense_name: what the fallback runs, for messages.
         """
         self.who, self.fallback, self.dense_name = who, fallback, dense_name
+        self.front_end = who.removeprefix("splat.")  # as call records name it
         self.backend = check_backend(backend)
         self.base = base_mask(mask)
         self._base_array = mask if self.base is None and mask is not None else None
@@ -449,10 +450,26 @@ class CallChecker:
 
         Returns:
           ``[batch..., Sq, H, D]``.
+
+        Every call leaves one :class:`splat.CallRecord` (:mod:`splat._call_log`): "splat",
+        "fallback" with the reasons, or "error" with the exception, written before it propagates.
         """
+        info: dict[str, Any] = {"q": query, "k": key, "backend": self.backend}
+        try:
+            out, outcome = self._run(query, key, value, call, defaults, dense, info)
+        except Exception as e:
+            _call_log.record(self.front_end, "error", **(info | {"reason": _call_log.error_message(e)}))
+            raise
+        _call_log.record(self.front_end, outcome, **info)
+        return out
+
+    def _run(self, query, key, value, call, defaults, dense, info: dict[str, Any]) -> tuple[Any, str]:
+        """:meth:`__call__`'s work: ``(output, outcome)``; fills ``info`` for the call's record."""
         reasons = refusals(call, defaults)
         batch = _batch_axes(query, key, value)
         q_len, kv_len = query.shape[-3], key.shape[-3]
+        info["decode"] = _is_decode(q_len, kv_len, call.get("mask"), call.get("key_value_seq_lengths"))
+        info["mask"] = self.base
         mask, runtime, rows = None, {}, q_len
         if not reasons:
             try:
@@ -469,7 +486,9 @@ class CallChecker:
             except Unsupported as e:
                 reasons.append(str(e))
         if reasons:
-            return self._refuse(reasons, dense)
+            info["reason"] = "; ".join(reasons)
+            return self._refuse(reasons, dense), "fallback"
+        info["mask"], info["decode"] = mask, decode
         b = math.prod(batch)  # [batch..., S, H, D] -> [B, S, H, D]
         q, k, v = (x.reshape((b, *x.shape[-3:])) for x in (query, key, value))
         dtype = call.get("dtype")
@@ -478,7 +497,7 @@ class CallChecker:
         q, k, v, scale = _attention._check_qkv(q, k, v, call.get("scale"))
         rt = _runtime_args.runtime_mask(b, q_len, kv_len, **runtime) if runtime else None
         out = _attention._attend(q, k, v, analyze(mask, rows, kv_len), scale, self.backend, runtime=rt)
-        return out.reshape(batch + out.shape[1:])
+        return out.reshape(batch + out.shape[1:]), "splat"
 
     def own_mask_dense(self, query, key, call: Mapping[str, Any]):
         """The front end's own mask as a dense boolean array, for a dense fallback that lacks it.
@@ -518,6 +537,6 @@ class CallChecker:
         if msg not in self._warned:
             self._warned.add(msg)
             warnings.warn(
-                f"{self.who}: {msg}; running {self.dense_name}", SparseAttentionFallbackWarning, stacklevel=4
+                f"{self.who}: {msg}; running {self.dense_name}", SparseAttentionFallbackWarning, stacklevel=5
             )
         return dense()

@@ -56,6 +56,9 @@ def sparse_attention(
 
     Returns:
       A function with ``fn``'s signature; works under ``jit``, ``vmap``, ``grad``.
+      Each call (each trace, under ``jit``) leaves a :class:`splat.CallRecord`
+      (``front_end="sparse_attention(<fn name>)"``) in :func:`splat.call_log`
+      and :func:`splat.call_counts`, also when it raises.
 
     Example:
       >>> import jax, splat
@@ -71,12 +74,18 @@ def sparse_attention(
         return functools.partial(sparse_attention, mask=mask, backend=backend, fallback=fallback)
     if not callable(fn):
         raise TypeError(f"sparse_attention decorates a function, got {type(fn).__name__}")
-    if mask is None:
-        from splat._sparsify import sparsify
-
-        return sparsify(fn, backend=backend, fallback=fallback)
-
     name = getattr(fn, "__qualname__", repr(fn))
+    if mask is None:
+        from splat._sparsify.api import wrap
+
+        return wrap(
+            fn,
+            backend=backend,
+            fallback=fallback,
+            empty_rows="fallback",
+            front_end=f"sparse_attention({name})",
+        )
+
     who = f"splat.sparse_attention({name})"
     checker = CallChecker(who, mask, backend, fallback=fallback, dense_name="the original dense function")
     sig = inspect.signature(fn)

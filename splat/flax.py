@@ -61,7 +61,9 @@ def attention_fn(mask: Any = None, backend: str = "auto", *, fallback: bool = Fa
       (``decode=True``) applies ``mask`` at the cached token's position;
       further keywords are honoured or refused as :mod:`splat._call_args`
       lists. A query row left with no key outputs 0 (flax's dense attention
-      would give mean(V) there).
+      would give mean(V) there). Each call (each trace, under ``jit``) leaves
+      a :class:`splat.CallRecord` (``front_end="flax.attention_fn"``) in
+      :func:`splat.call_log` and :func:`splat.call_counts`, also when it raises.
 
     Example:
       >>> import flax.nnx as nnx, jax.numpy as jnp, splat, splat.flax

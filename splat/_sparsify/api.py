@@ -100,12 +100,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_bindings import check_backend
+from splat import _call_log
 from splat._sparsify.ir import IR, build_ir, run_ir
 from splat._sparsify.matcher import Found, Match, match_pv
 from splat._sparsify.numeric import NotSparsifiable, Slices
 from splat._sparsify.outer import outer_graph
 
-__all__ = ["Found", "SparsifyWarning", "sparsify"]
+__all__ = ["Found", "SparsifyWarning", "sparsify", "wrap"]
 
 
 class SparsifyWarning(UserWarning):
@@ -226,6 +227,9 @@ def sparsify(
       A function with ``fn``'s signature. Its ``.inspect(*args, **kwargs)``
       returns the list of :class:`Found` attentions (mask, lengths, scale)
       and ``.problems(*args, **kwargs)`` the reasons for those left dense.
+      Each call (each trace, under ``jit``) leaves a :class:`splat.CallRecord`
+      in :func:`splat.call_log` and :func:`splat.call_counts`: "splat",
+      "fallback" with the reasons, or "error" with the exception.
 
     Example:
       >>> import jax, jax.numpy as jnp, splat
@@ -245,9 +249,18 @@ def sparsify(
         return functools.partial(sparsify, backend=backend, fallback=fallback, empty_rows=empty_rows)
     if not callable(fn):
         raise TypeError(f"sparsify expects a function, got {type(fn).__name__}")
+    return wrap(fn, backend=backend, fallback=fallback, empty_rows=empty_rows)
+
+
+def wrap(
+    fn: Callable, *, backend: str, fallback: bool, empty_rows: str, front_end: str | None = None
+) -> Callable:
+    """:func:`sparsify` past its argument checks; ``front_end`` names the wrapper in call records
+    (default ``"sparsify(<fn name>)"``; ``@sparse_attention`` in detection mode passes its own)."""
     cache: dict = {}
     warned: set = set()
     name = getattr(fn, "__qualname__", repr(fn))
+    front_end = front_end or f"sparsify({name})"
 
     def plan_for(args, kwargs):
         leaves, treedef = jax.tree.flatten((args, kwargs))
@@ -267,27 +280,45 @@ def sparsify(
             cache[key] = plan
         return plan, dyn
 
+    def reasons(problems: list[str]) -> str:
+        return "; ".join(sorted(set(problems)) or ["no dense attention with a constant mask was found"])
+
     def report(problems: list[str], none_found: bool):
-        reasons = sorted(set(problems)) or ["no dense attention with a constant mask was found"]
-        msg = "; ".join(reasons)
+        msg = reasons(problems)
         if none_found and not fallback:
             raise ValueError(f"splat.sparsify({name}): {msg} (pass fallback=True to run the dense function)")
         if msg not in warned:
             warned.add(msg)
             tail = "running the original dense function" if none_found else "those attentions stay dense"
-            warnings.warn(f"splat.sparsify({name}): {msg}; {tail}", SparsifyWarning, stacklevel=3)
+            warnings.warn(f"splat.sparsify({name}): {msg}; {tail}", SparsifyWarning, stacklevel=4)
+
+    def run(args, kwargs, info: dict) -> tuple[Any, str]:
+        """The call: ``(output, outcome)``; fills ``info`` for its record."""
+        plan, dyn = plan_for(args, kwargs)
+        if not plan.matches:
+            info["reason"] = reasons(plan.problems)
+            report(plan.problems, True)
+            return fn(*args, **kwargs), "fallback"
+        if plan.problems:
+            info["reason"] = "stayed dense: " + reasons(plan.problems)
+            report(plan.problems, False)
+        first = plan.matches[0]
+        info["q"], info["k"] = plan.ir.shape(first.q), plan.ir.shape(first.k)
+        info["mask"] = "; ".join(dict.fromkeys(repr(m.found.mask) for m in plan.matches))
+        replace = {m.pv_out: ([m.q, m.k, m.v, *m.extra], m.fn) for m in plan.matches}
+        outs = run_ir(plan.ir, dyn, replace)
+        return jax.tree.unflatten(plan.out_tree, outs), "splat"
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        plan, dyn = plan_for(args, kwargs)
-        if not plan.matches:
-            report(plan.problems, True)
-            return fn(*args, **kwargs)
-        if plan.problems:
-            report(plan.problems, False)
-        replace = {m.pv_out: ([m.q, m.k, m.v, *m.extra], m.fn) for m in plan.matches}
-        outs = run_ir(plan.ir, dyn, replace)
-        return jax.tree.unflatten(plan.out_tree, outs)
+        info: dict[str, Any] = {"backend": backend}
+        try:
+            out, outcome = run(args, kwargs, info)
+        except Exception as e:  # recorded before it propagates: a framework may swallow it
+            _call_log.record(front_end, "error", **(info | {"reason": _call_log.error_message(e)}))
+            raise
+        _call_log.record(front_end, outcome, **info)
+        return out
 
     def inspect(*args, **kwargs) -> list[Found]:
         return [m.found for m in plan_for(args, kwargs)[0].matches]

@@ -1,0 +1,164 @@
+"""Did splat run? One :class:`CallRecord` per front-end call, for frameworks that hide the answer.
+
+Keras (and any code with a broad ``try/except``) catches an exception from an attention
+function and quietly runs its own dense attention, so neither a warning nor an error reaches the
+user. The front ends (``@splat.sparse_attention``, ``splat.sparsify``, ``splat.flax.attention_fn``)
+therefore write down each call's outcome *before* returning or raising:
+
+- :func:`call_log` collects the records of the calls made in this thread while it is open;
+- :func:`call_counts` counts outcomes over the whole process.
+
+Records are made when the front end runs in Python: under ``jit`` that is at trace time, once
+per trace (a compiled function called again makes no new record). They count traces, not
+executions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["CallRecord", "call_counts", "call_log", "error_message", "record"]
+
+Outcome = Literal["splat", "fallback", "error"]
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One front-end call (one trace under ``jit``) and what ran.
+
+    Attributes:
+      front_end: ``"sparse_attention(<fn name>)"``, ``"sparsify(<fn name>)"`` or
+        ``"flax.attention_fn"``.
+      outcome: ``"splat"`` (splat's attention ran), ``"fallback"`` (the dense original
+        ran; ``reason`` says why) or ``"error"`` (the call raised; ``reason`` holds the
+        exception as ``"<type>: <message>"``).
+      reason: see ``outcome``; for ``"splat"`` from ``sparsify``, the attentions that stayed
+        dense, if any; else None.
+      q_shape, kv_shape: the query and key shapes (``[batch..., S, H, D]``) as called; for
+        ``sparsify``, those of the first attention replaced, as its ``q k^T`` operands appear
+        inside the function (``jax.nn.dot_product_attention`` reshapes q to
+        ``[B, S, Hk, group, D]``; per example under ``vmap``). None where unknown (a
+        ``sparsify`` fallback, or a call that raised before they were read).
+      mask: ``repr`` of the mask splat used (for ``sparsify``, of each distinct mask found,
+        joined by ``"; "``), or None.
+      decode: whether the call was a decode step (one query against a KV cache); None where
+        unknown (``sparsify`` does not tell).
+      backend: the backend asked for when it is a single one (it ran, or the call
+        raised); None under ``backend="auto"``, where the choice is made further down.
+    """
+
+    front_end: str
+    outcome: Outcome
+    reason: str | None = None
+    q_shape: tuple[int, ...] | None = None
+    kv_shape: tuple[int, ...] | None = None
+    mask: str | None = None
+    decode: bool | None = None
+    backend: str | None = None
+
+
+_local = threading.local()  # .logs: the open call_log lists of this thread, outermost first
+_counts: Counter[str] = Counter()
+_counts_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def call_log() -> Iterator[list[CallRecord]]:
+    """Collect a :class:`CallRecord` for every splat front-end call made in this thread meanwhile.
+
+    Logs nest: a call made inside two open logs is recorded in both. Calls made by other
+    threads are not recorded here. Under ``jit`` a call is recorded when it is traced, once per
+    trace: records count traces, not executions of the compiled function.
+
+    Yields:
+      The list the records are appended to (it stays readable after the block).
+
+    Example:
+      >>> import jax, splat
+      >>> attn = splat.sparse_attention(lambda q, k, v: None, mask=splat.masks.causal())
+      >>> q = jax.numpy.ones((1, 8, 1, 4))
+      >>> with splat.call_log() as log:
+      ...     _ = attn(q, q, q)
+      >>> [(r.front_end, r.outcome) for r in log]
+      [('sparse_attention(<lambda>)', 'splat')]
+    """
+    logs = getattr(_local, "logs", None)
+    if logs is None:
+        logs = _local.logs = []
+    out: list[CallRecord] = []
+    logs.append(out)
+    try:
+        yield out
+    finally:
+        del logs[next(i for i, x in enumerate(logs) if x is out)]  # by identity: equal lists abound
+
+
+def call_counts(reset: bool = False) -> dict[str, int]:
+    """How many front-end calls (traces, under ``jit``) ended in each outcome, process-wide.
+
+    Args:
+      reset: set every count back to zero after reading them.
+
+    Returns:
+      ``{"splat": n, "fallback": n, "error": n}`` (outcomes never seen are left out),
+      counted since the process started or the last ``call_counts(reset=True)``.
+
+    Example:
+      >>> import splat
+      >>> _ = splat.call_counts(reset=True)
+      >>> splat.call_counts()
+      {}
+    """
+    with _counts_lock:
+        out = dict(_counts)
+        if reset:
+            _counts.clear()
+    return out
+
+
+def _shape(x) -> tuple[int, ...] | None:
+    s = getattr(x, "shape", None)
+    return None if s is None else tuple(int(n) for n in s)
+
+
+def record(
+    front_end: str,
+    outcome: Outcome,
+    *,
+    reason: str | None = None,
+    q=None,
+    k=None,
+    mask=None,
+    decode: bool | None = None,
+    backend: str | None = None,
+) -> CallRecord:
+    """Write one call's record to every open :func:`call_log` of this thread and to the counts.
+
+    ``q``/``k``: arrays (or shapes as tuples); ``mask``: any object, kept as its ``repr``;
+    ``backend``: as asked (``"auto"`` is recorded as None).
+    """
+    rec = CallRecord(
+        front_end=front_end,
+        outcome=outcome,
+        reason=reason,
+        q_shape=q if isinstance(q, tuple) else _shape(q),
+        kv_shape=k if isinstance(k, tuple) else _shape(k),
+        mask=None if mask is None else mask if isinstance(mask, str) else repr(mask),
+        decode=decode,
+        backend=None if backend in (None, "auto") else backend,
+    )
+    with _counts_lock:
+        _counts[outcome] += 1
+    for log in getattr(_local, "logs", ()):
+        log.append(rec)
+    return rec
+
+
+def error_message(e: BaseException) -> str:
+    """An exception as a record's ``reason``: ``"<type>: <message>"``."""
+    return f"{type(e).__name__}: {e}"
