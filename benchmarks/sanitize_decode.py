@@ -5,8 +5,10 @@ three segments, contiguous caches and page pools with NaN pages nobody maps, one
 token outside the cache and a padded token), plus segment ids (sorted: the walk cut to each token's
 document; and any) with a soft cap, in bfloat16 and
 float16; each compiled as the backend compiles it (``jax_bindings._cuda.decode``) and launched with
-CuPy (JAX stays on the CPU, so no XLA kernel runs under the sanitizer). The splits are merged in
-NumPy as ``decode.merge_splits`` merges them, and every output is checked against the float64
+CuPy (JAX stays on the CPU, so no XLA kernel runs under the sanitizer). The plan, the documents'
+key ranges and the merge of the splits are the backend's own (``decode.plan``,
+``decode.document_keys``, ``decode.merge_splits``, run by JAX on the CPU), and every output is
+checked against the float64
 reference; rows that see no key must give 0 and ``-inf``.
 
     compute-sanitizer --tool memcheck --error-exitcode 9 python3 benchmarks/sanitize_decode.py
@@ -29,6 +31,7 @@ sys.path.insert(0, "tests")
 import decode_cases as dc  # noqa: E402
 
 import splat  # noqa: E402
+from jax_bindings import _runtime  # noqa: E402
 from jax_bindings._cuda import decode  # noqa: E402
 from splat import masks  # noqa: E402
 
@@ -55,14 +58,8 @@ def launch(x: dc.Inputs, layout, dtype: str, page: int, splits: int | None, soft
     if page:
         k, v, table = dc.paged(rng, k.astype(np.float32), v.astype(np.float32), page)
         k, v = k.astype(NP[dtype]), v.astype(NP[dtype])
-    tile = decode.decode_tile(d, t * h // hk)
-    row_blocks = -(-t * (h // hk) // tile.rows)
-    tiles = -(-decode.max_keys(layout) // tile.block_n) + len(layout.segments)
-    splits = splits or decode.choose_splits(b * hk * row_blocks, tiles, SMS)
     ids = x.q_ids is not None
-    variant = decode.DecodeVariant(
-        d, dtype, t, h // hk, len(layout.segments), page, ids, soft_cap, splits > 1, tile
-    )
+    variant, splits, row_blocks = decode.plan(x.q.shape, hk, dtype, layout, page, ids, soft_cap, SMS, splits)
     q_pos = np.where(np.arange(t)[None, :] < x.q_len[:, None], x.q_pos, -1).astype(np.int32)
     if splits > 1:
         out = cp.full((b, t, h, splits, d), np.nan, np.float32)
@@ -72,11 +69,9 @@ def launch(x: dc.Inputs, layout, dtype: str, page: int, splits: int | None, soft
         lse = cp.full((b, h, t), np.nan, np.float32)
     placeholder = np.zeros(1, np.int32)
     id_keys = placeholder
-    if ids:  # each token's document where the row's ids are sorted (decode.document_keys), else all keys
-        lo = (x.kv_ids[:, None, :] < x.q_ids[:, :, None]).sum(-1)
-        hi = (x.kv_ids[:, None, :] <= x.q_ids[:, :, None]).sum(-1)
-        exact = (np.diff(x.q_ids, axis=1) >= 0).all(1) & (np.diff(x.kv_ids, axis=1) >= 0).all(1)
-        id_keys = np.where(exact[:, None, None], np.stack([lo, hi], -1), [0, dc.L]).astype(np.int32)
+    if ids:  # as the backend builds them, with JAX on the CPU
+        rt = _runtime.build(b, t, dc.L, segment_ids=x.q_ids, kv_segment_ids=x.kv_ids)
+        id_keys = np.asarray(decode.document_keys(rt, dc.L))
     args = [
         cp.asarray(a)
         for a in (
@@ -113,15 +108,8 @@ def launch(x: dc.Inputs, layout, dtype: str, page: int, splits: int | None, soft
     out, lse = cp.asnumpy(out).astype(np.float32), cp.asnumpy(lse)
     if splits == 1:
         return out, lse
-    top = lse.max(-1, keepdims=True)
-    w = np.exp(lse - np.where(np.isfinite(top), top, 0))
-    den = w.sum(-1)
-    merged = np.where(
-        den[..., None] > 0, (out * w[..., None]).sum(-2) / np.where(den > 0, den, 1)[..., None], 0
-    )
-    with np.errstate(divide="ignore"):
-        lse = np.where(den > 0, top[..., 0] + np.log(np.where(den > 0, den, 1)), -np.inf)
-    return merged, np.moveaxis(lse, 1, 2)
+    merged, lse = decode.merge_splits(out, lse, np.float32)  # as the backend merges them, on the CPU
+    return np.asarray(merged), np.asarray(lse)
 
 
 def check(name, out, lse, ref_out, ref_lse):

@@ -127,7 +127,7 @@ def main(argv=None):
             None,
             jnp.full((b, 1), L - 1, jnp.int32),
         )
-        planned = decode.choose_splits(b * HK, -(-decode.max_keys(layout) // 64) + len(layout.segments), sms)
+        planned = decode.plan(q.shape, HK, "bfloat16", layout, 0, False, None, sms)[1]
         split_list = sorted({planned, 1, 2, 4, 8, 16, 32}) if a.sweep else [planned]
         tiles = [None]
         if a.tiles:

@@ -16,6 +16,7 @@ key lengths, segment ids and a soft cap. Everything else is refused with NotImpl
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -237,6 +238,33 @@ def _placeholder() -> jax.Array:
     return jnp.zeros((1,), jnp.int32)
 
 
+def plan(
+    q_shape,
+    kv_heads: int,
+    dtype: str,
+    layout: ACSR,
+    page_size: int,
+    ids: bool,
+    soft_cap,
+    sms: int,
+    splits: int | None = None,
+    tile: DecodeTile | None = None,
+) -> tuple[DecodeVariant, int, int]:
+    """``(variant, splits, row blocks)`` of a decode call with queries ``q_shape = [B, Sq, H, D]``
+    against ``kv_heads`` KV heads: the tile of :func:`decode_tile` and the split count of
+    :func:`choose_splits` (for the CTAs an SM holds at the tile's shared memory), or the given
+    ``splits`` and ``tile``."""
+    b, sq, h, d = q_shape
+    group = h // kv_heads
+    tile = tile or decode_tile(d, sq * group)
+    row_blocks = -(-sq * group // tile.rows)
+    variant = DecodeVariant(d, dtype, sq, group, len(layout.segments), page_size, ids, soft_cap, True, tile)
+    if splits is None:  # shared memory does not depend on the split
+        tiles = -(-max_keys(layout) // tile.block_n) + len(layout.segments)
+        splits = choose_splits(b * kv_heads * row_blocks, tiles, sms, ctas_per_sm(variant.smem))
+    return dataclasses.replace(variant, split=splits > 1), splits, row_blocks
+
+
 def forward(
     q,
     k,
@@ -269,24 +297,8 @@ def forward(
     if keys < L or (not paged and keys != L):  # a page table may map more keys than the layout has rows
         raise ValueError(f"the layout's {L} rows do not match the cache's {keys} keys")
     ids = runtime.q_ids is not None
-    tile = tile or decode_tile(d, sq * (h // hk))
-    row_blocks = -(-sq * (h // hk) // tile.rows)
-    tiles = -(-max_keys(layout) // tile.block_n) + len(layout.segments)
-    if splits is None:
-        probe = DecodeVariant(d, jnp.dtype(q.dtype).name, sq, h // hk, len(layout.segments), page_size, ids,
-                              soft_cap, True, tile)  # shared memory does not depend on the split
-        splits = choose_splits(b * hk * row_blocks, tiles, sms, ctas_per_sm(probe.smem))
-    variant = DecodeVariant(
-        d,
-        jnp.dtype(q.dtype).name,
-        sq,
-        h // hk,
-        len(layout.segments),
-        page_size,
-        ids,
-        soft_cap,
-        splits > 1,
-        tile,
+    variant, splits, row_blocks = plan(
+        q.shape, hk, jnp.dtype(q.dtype).name, layout, page_size, ids, soft_cap, sms, splits, tile
     )
     if variant.smem > SMEM_LIMIT:
         raise NotImplementedError(f"the decode tile needs {variant.smem} bytes of shared memory")
