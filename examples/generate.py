@@ -75,7 +75,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
-import inspect
 import json
 import sys
 import time
@@ -91,6 +90,7 @@ from examples import gpt_jax
 from examples.bench_train import _versions
 from examples.common import GPTConfig, layer_masks
 from examples.gpt_jax import _block, _embed, _local_mask, _logits, _write
+from splat.tools.peers import takes_keyword
 
 __all__ = ["PEERS", "Generator", "Peer", "PeerUnavailable", "init_params", "main", "make_peer"]
 
@@ -277,14 +277,6 @@ def _cudnn_window_is_bottom_right(window: int, heads: int, d: int, dtype) -> tup
     return False, f"probe: cuDNN's window is not aligned bottom-right at Sq = 1 (max err {err:.2f})"
 
 
-def _takes(fn: Callable, name: str) -> bool:
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # no signature to read
-        return False
-    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-
-
 def _fa3_peer(cfg: GPTConfig, page_size: int | None) -> Peer:
     try:
         fa3 = importlib.import_module("flash_attn3_jax")
@@ -292,9 +284,9 @@ def _fa3_peer(cfg: GPTConfig, page_size: int | None) -> Peer:
         raise PeerUnavailable(f"flash_attn3_jax is not installed ({e})") from None
     _need_gpu("FlashAttention-3", cfg)
     with_cache = getattr(fa3, "flash_mha_with_kvcache", None)
-    if with_cache is None or not _takes(with_cache, "cache_seqlens"):
+    if with_cache is None or not takes_keyword(with_cache, "cache_seqlens"):
         raise PeerUnavailable("this flash_attn3_jax has no flash_mha_with_kvcache(..., cache_seqlens=)")
-    if page_size is not None and not _takes(with_cache, "page_table"):
+    if page_size is not None and not takes_keyword(with_cache, "page_table"):
         raise PeerUnavailable("this flash_mha_with_kvcache takes no page_table (run without --paged)")
     scale = (cfg.width // cfg.heads) ** -0.5
 
