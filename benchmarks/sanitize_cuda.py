@@ -12,14 +12,17 @@ the CPU only), so no XLA kernel runs under the sanitizer. Each
 output is checked against a float32 NumPy reference, and so is every row's ``lse``; fully
 masked rows must give 0 and ``-inf``, and zero gradients. Then the runtime-mask variants
 (lengths, segment ids) on ``tests/cuda_cases.RUNTIME_CASES``, forward and backward (in every
-key order), their arrays built by ``jax_bindings._cuda.runtime_tables`` with JAX on the CPU; and
-the grid forward (N-D neighborhoods) on ``tests/cuda_cases.GRID_CASES``.
+key order), their arrays built by ``jax_bindings._cuda.runtime_tables`` with JAX on the CPU; the
+shifted forward (chunked prefill: queries at offsets, rows before and past the layout) on
+``tests/prefill_cases.CASES``; and the grid forward (N-D neighborhoods) on
+``tests/cuda_cases.GRID_CASES``.
 
-    compute-sanitizer --tool memcheck --error-exitcode 9 python3 benchmarks/sanitize_cuda.py [grid | NAME ...]
+    compute-sanitizer --tool memcheck --error-exitcode 9 python3 benchmarks/sanitize_cuda.py \
+        [grid | shifted | NAME ...]
 
-(``grid``: the grid forward's cases alone; band case names (``tests/cuda_cases.CASES``, e.g.
-``block_local block_local_96``): those cases alone, forward and backward, without the runtime and
-grid cases, for a change that touches only their kernels.)
+(``grid``, ``shifted``: the grid forward's or the shifted forward's cases alone; band case names
+(``tests/cuda_cases.CASES``, e.g. ``block_local block_local_96``): those cases alone, forward and
+backward, without the runtime and grid cases, for a change that touches only their kernels.)
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import ml_dtypes
 import numpy as np
 
 sys.path.insert(0, "tests")
+import prefill_cases  # noqa: E402
 from cuda_cases import CASES, GRID_CASES, RUNTIME_CASES, band_layout, other_key_orders  # noqa: E402
 from runtime_masks import build_arguments, runtime_dense  # noqa: E402
 
@@ -165,13 +169,15 @@ def launch(variant, q, k, v, scale, ctas=None, rt_arrays=()):
 
 def main() -> int:
     args = sys.argv[1:]
-    if args == ["grid"]:
-        launched = run_grid_cases()
+    alone = {"grid": run_grid_cases, "shifted": run_shifted_cases}
+    if len(args) == 1 and args[0] in alone:
+        launched = alone[args[0]]()
         print(f"{launched} launches of {launched} cuda kernel variants")
         return 0
     unknown = set(args) - {c.name for c in CASES}
     if unknown:
-        raise SystemExit(f"unknown band cases {sorted(unknown)}: 'grid' or names of cuda_cases.CASES")
+        raise SystemExit(
+            f"unknown band cases {sorted(unknown)}: 'grid', 'shifted' or names of cuda_cases.CASES")
     cases = [c for c in CASES if c.name in args] if args else CASES
     launched = 0
     for dtype, (schedule, ctas, section, q_stages, o_store) in itertools.product(NP, LAUNCHES):
@@ -216,6 +222,7 @@ def main() -> int:
                     print(f"{name:22s} {dtype:9s} bwd ordered={ordered:16s} ok (rel. {max(errs):.1e})")
     if not args:
         launched += run_runtime_cases()
+        launched += run_shifted_cases()
         launched += run_grid_cases()
     print(f"{launched} launches of {launched} cuda kernel variants")
     return 0
@@ -262,6 +269,37 @@ def run_runtime_cases() -> int:
             assert max(errs) < 3e-2, f"{name} {bv.key_order}: gradients differ by {errs}"
             assert not got[0][empty].any(), f"{name}: a row that sees nothing must get dq 0"
             print(f"{name:22s} runtime {kind:7s} bwd {bv.key_order:11s} ok (rel. {max(errs):.1e})")
+    return launched
+
+
+def run_shifted_cases() -> int:
+    """The shifted forward (chunked prefill) on every ``prefill_cases.CASES`` case in bfloat16,
+    the plan's schedule and the queue on 5 CTAs; returns the launches."""
+    launched = 0
+    for case in prefill_cases.CASES:
+        x = prefill_cases.inputs(case)
+        b, sq, length = len(x.offsets), prefill_cases.SQ, prefill_cases.L
+        layout = prefill_cases.MASKS[case[0]].to_acsr(length)
+        args = {prefill_cases.BUILD_NAMES[n]: a for n, a in x.runtime.items()}
+        runtime = _runtime.build(b, sq, length, q_offset=x.offsets, layout_rows=length, **args)
+        kind = runtime_tables.kind(runtime, positions=True)
+        q, k, v = (a.astype(ml_dtypes.bfloat16) for a in (x.q, x.k, x.v))
+        scale = 128**-0.5
+        ref_out, ref_lse = reference(q, k, v, x.dense[:, None], scale)
+        empty = ~x.dense.any(-1)
+        planned = plan.fwd_variant(layout, 128, "bfloat16", kind, shifted=True)
+        arrays = runtime_tables.fwd_arrays(runtime, planned.block_n, length)
+        for variant, ctas in ((planned, None), (dataclasses.replace(planned, schedule="queue"), 5)):
+            out, lse = launch(variant, q, k, v, scale, ctas, arrays)
+            launched += 1
+            err = np.abs(out.astype(np.float32) - ref_out).max()
+            tag = prefill_cases.case_id(case)
+            assert err < 3e-2, f"{tag}: out differs from the reference by {err:.3g}"
+            assert not out[empty].astype(np.float32).any(), f"{tag}: a row that sees nothing must output 0"
+            assert np.all(np.isneginf(lse.transpose(0, 2, 1)[empty])), f"{tag}: lse of an empty row"
+            lerr = np.abs(lse - ref_lse)[np.isfinite(ref_lse)].max()
+            assert lerr < 2e-2, f"{tag}: lse differs by {lerr:.3g}"
+            print(f"{tag:28s} shifted {kind:7s} {variant.schedule}/{ctas} ok (out {err:.1e}, lse {lerr:.1e})")
     return launched
 
 

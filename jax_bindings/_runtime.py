@@ -33,6 +33,9 @@ kv_ids     ``[B, Skv]`` segment id of each key, or None
 q_pos      ``[B, Sq]``  the static layout's row for each query (``q_offset + i``), or None
                         (row ``i``); -1: outside the layout, the query sees no key (output 0,
                         lse ``-inf``, zero gradients); never another row, never clipped
+q_start    ``[B]``      with ``q_pos`` from an offset: ``q_pos[b, i] = q_start[b] + i`` wherever
+                        that is inside the layout (kernels that walk a chunk of consecutive
+                        rows read this); None when positions are absent or given otherwise
 =========  ===========  =================================================================
 
 A :class:`RuntimeMask` is a pytree (a NamedTuple; absent fields are None), so
@@ -59,6 +62,7 @@ class RuntimeMask(NamedTuple):
     q_ids: jax.Array | None = None
     kv_ids: jax.Array | None = None
     q_pos: jax.Array | None = None
+    q_start: jax.Array | None = None
 
 
 def _non_decreasing(x: jax.Array) -> jax.Array:
@@ -108,7 +112,7 @@ def build(
     if key_value_seq_lengths is not None:
         kn = jnp.clip(jnp.asarray(key_value_seq_lengths).astype(_I32), 0, kv_len)
     exact = jnp.ones((batch,), _I32)
-    q_ids = kv_ids = q_pos = None
+    q_ids = kv_ids = q_pos = q_start = None
     if segment_ids is not None:
         q_ids = jnp.asarray(segment_ids).astype(_I32)
         kv_ids = q_ids if kv_segment_ids is None else jnp.asarray(kv_segment_ids).astype(_I32)
@@ -116,7 +120,7 @@ def build(
     if q_offset is not None:
         if layout_rows is None:
             raise ValueError("layout_rows is needed with q_offset")
-        off = jnp.broadcast_to(jnp.asarray(q_offset).astype(_I32).reshape(-1), (batch,))
-        pos = off[:, None] + jnp.arange(q_len, dtype=_I32)[None, :]
+        q_start = jnp.broadcast_to(jnp.asarray(q_offset).astype(_I32).reshape(-1), (batch,))
+        pos = q_start[:, None] + jnp.arange(q_len, dtype=_I32)[None, :]
         q_pos = jnp.where((pos >= 0) & (pos < layout_rows), pos, -1)
-    return RuntimeMask(qn, kn, exact, q_ids, kv_ids, q_pos)
+    return RuntimeMask(qn, kn, exact, q_ids, kv_ids, q_pos, q_start)

@@ -107,8 +107,32 @@ def test_lengths_only_passes_lengths():
     assert [a.tolist() for a in runtime_tables.bwd_arrays(rt)] == [lens.tolist()]
 
 
-def test_offsets_are_refused_by_name():
+def test_offsets_are_taken_by_the_forward_only():
     rt = _runtime.build(1, 4, 16, q_offset=jnp.array([3]), layout_rows=16)
     with pytest.raises(NotImplementedError, match="q_offset"):
         runtime_tables.kind(rt)
+    assert runtime_tables.kind(rt, positions=True) == "lengths"
     assert runtime_tables.kind(None) == ""
+    given_one_by_one = rt._replace(q_start=None)
+    with pytest.raises(NotImplementedError, match="one by one"):
+        runtime_tables.kind(given_one_by_one, positions=True)
+    with pytest.raises(ValueError, match="layout_rows"):
+        runtime_tables.fwd_arrays(rt, 128)
+
+
+@pytest.mark.parametrize("offsets", [[0, 5, 9], [-4, 12, 30], [-40, 3, 13]])
+def test_shifted_lengths_bound_the_rows_whose_positions_see_keys(offsets):
+    """``rt_lens`` of a chunk at offsets: the rows in ``[q_first, q_end)`` are exactly those
+    inside ``q_len`` whose position is inside the layout (``q_pos >= 0``), and the shift is the
+    offset, so that row ``i``'s position is ``i + shift`` wherever it sees keys."""
+    b, sq, rows = len(offsets), 8, 16
+    rt = _runtime.build(b, sq, rows, q_offset=jnp.asarray(offsets), layout_rows=rows,
+                        query_seq_lengths=jnp.array([8, 6, 3]), key_value_seq_lengths=jnp.array([16, 9, 0]))
+    (lens,) = runtime_tables.fwd_arrays(rt, 128, rows)
+    end, kv, shift, first = np.asarray(lens).T
+    i = np.arange(sq)
+    live = (i >= first[:, None]) & (i < end[:, None])
+    pos = np.asarray(rt.q_pos)
+    assert np.array_equal(live, (pos >= 0) & (i < np.asarray(rt.q_len)[:, None]))
+    assert np.array_equal(np.where(live, i + shift[:, None], -1), np.where(live, pos, -1))
+    assert kv.tolist() == [16, 9, 0] and shift.tolist() == offsets

@@ -15,9 +15,10 @@ import re
 import numpy as np
 import pytest
 
-from jax_bindings._cuda import bwd_passes, compiler
+from jax_bindings._cuda import bwd_passes, compiler, plan
 from jax_bindings._cuda import bwd_source as bwd
 from jax_bindings._cuda import source as gen
+from splat import masks
 
 
 @pytest.mark.parametrize(
@@ -109,8 +110,6 @@ def test_out_is_stored_by_tma_only_from_a_persistent_band_kernel():
 def test_rescheduled_variants_keep_what_their_schedule_takes():
     """``plan.rescheduled``: the grid launch gets one Q tile and register stores; a persistent
     schedule keeps the variant's Q tiles and store unless told, two Q tiles only where they fit."""
-    from jax_bindings._cuda import plan
-    from splat import masks
 
     window = plan.fwd_variant(masks.sliding_window(255, 255).to_acsr(4096), 128, "bfloat16")
     grid = plan.rescheduled(window, "grid")
@@ -163,8 +162,6 @@ def test_every_schedule_has_one_signature_and_the_queue_takes_tickets():
 
 
 def test_the_plan_picks_a_schedule_and_its_grid():
-    from jax_bindings._cuda import plan
-    from splat import masks
 
     pick = {name: (v.schedule, v.section_bytes, v.q_stages, v.o_store)
             for name, mask, runtime in (("dense", masks.full(), ""), ("causal", masks.causal(), ""),
@@ -338,6 +335,44 @@ def test_runtime_variants_compile_and_take_their_arrays(cuda_compiler, variant):
     assert spills <= (40 if make is gen.source else 256), log
 
 
+SHIFTED_MASKS = {"causal": masks.causal(), "causal_window": masks.sliding_window(1023, 0),
+                 "window": masks.sliding_window(255, 255), "dense": masks.full()}
+
+
+@pytest.mark.parametrize("runtime", ["lengths", "ids"])
+@pytest.mark.parametrize("mask", list(SHIFTED_MASKS))
+def test_the_plans_shifted_variants_compile_with_lengths_of_four(cuda_compiler, mask, runtime):
+    """Chunked prefill runs a variant of the band with ``shifted``: its ``rt_lens`` is ``[B, 4]``
+    and the band is taken at the shifted rows; bands unbounded on the left take dense's wide key
+    tiles, the others their band's plan. Spills stay bounded: the causal chunk with segment ids
+    spills 48 bytes with NVRTC 13.5 (the producer lane's 24 registers hold the id runs and the
+    shifted lengths; dense's unshifted ids variant spills 32)."""
+    variant = plan.fwd_variant(SHIFTED_MASKS[mask].to_acsr(4096), 128, "bfloat16", runtime, shifted=True)
+    plain = plan.fwd_variant(SHIFTED_MASKS[mask].to_acsr(4096), 128, "bfloat16", runtime)
+    dense = plan.fwd_variant(masks.full().to_acsr(4096), 128, "bfloat16", runtime)
+    like = dense if variant.band.left is None else plain
+    assert variant.shifted and (variant.block_n, variant.schedule, variant.smem) == (
+        like.block_n, like.schedule, like.smem)
+    name, text = variant.named_source()
+    assert "constexpr bool SHIFTED = true;" in text and name != plain.named_source()[0]
+    image, log = cuda_compiler.compile(text, verbose=True)
+    assert image[:4] == b"\x7fELF" and "warning" not in log.lower(), log
+    assert int(re.search(r"(\d+) bytes spill stores", log).group(1)) <= 48, log
+
+
+OFF_PLAIN_BANDS = {"dilated": masks.dilated_window(256, 2).to_acsr(1024),
+                   "block_local": masks.block_local(512, 1).to_acsr(1024),
+                   "neighborhood": masks.neighborhood((16, 16), 3).to_acsr()}
+
+
+@pytest.mark.parametrize("layout", list(OFF_PLAIN_BANDS.values()), ids=list(OFF_PLAIN_BANDS))
+def test_shifted_queries_are_refused_off_plain_bands(layout):
+    with pytest.raises(NotImplementedError, match="q_offset|query positions|runtime mask|one-band"):
+        plan.fwd_variant(layout, 128, "bfloat16", "lengths", shifted=True)
+    with pytest.raises(ValueError, match="shifted"):
+        gen.source(None, 0, shifted=True)
+
+
 def test_backward_shared_memory_and_names():
     assert bwd.smem_bytes(2) <= gen.SMEM_LIMIT < bwd.smem_bytes(3)
     a, b = (bwd.with_unique_name(bwd.bwd_source(None, 0, ordered=o)) for o in (True, False))
@@ -419,8 +454,6 @@ def test_backward_bad_arguments_are_named(kwargs, name):
 
 
 def test_the_backward_is_offered_where_key_blocks_walk_10_query_blocks():
-    from jax_bindings._cuda import plan
-    from splat import masks
 
     for mask in (masks.full(), masks.causal(), masks.sliding_window(1023, 0), masks.sliding_window(256, 256)):
         assert plan.offered_bwd_variant(mask.to_acsr(4096), 128, "bfloat16").ordered

@@ -7,10 +7,11 @@ bands measured from blocks of rows, as block-local; bands in interleaved phases,
 windows and strided, folded into heads by :mod:`jax_bindings._cuda.phases`), head dim 128, bfloat16
 or float16, on a GPU of compute capability 9.0 (H100, H200). Queries at run-time positions
 (``q_offset``: decode and speculative decoding against a KV cache, contiguous or paged) run on
-the decode kernel (:mod:`jax_bindings._cuda.decode`) for every layout of segments. Everything else
-is refused with ``NotImplementedError`` naming why, so ``backend="auto"`` moves on (to the Triton
-backend): other masks, head dims and dtypes, longer query chunks at an offset, soft-capping outside
-decode and the unfused ops. Runtime
+the decode kernel (:mod:`jax_bindings._cuda.decode`) for every layout of segments; longer chunks
+at an offset (chunked prefill) on the forward band kernel shifted to the chunk's rows, on plain
+bands. Everything else is refused with ``NotImplementedError`` naming why, so ``backend="auto"``
+moves on (to the Triton backend): other masks, head dims and dtypes, longer chunks at an offset
+on other masks, soft-capping outside decode, the backward at an offset and the unfused ops. Runtime
 masks of lengths and segment ids are taken on plain bands (:mod:`jax_bindings._cuda.runtime_tables`). The
 backward (:mod:`jax_bindings._cuda.bwd_source`, through :func:`run_backward`) is offered on the
 bands :func:`~jax_bindings._cuda.plan.offered_bwd_variant` names (dense, causal, windows of
@@ -86,11 +87,12 @@ def _sm_count() -> int:
     return int(getattr(jax.devices("gpu")[0], "core_count", 132))
 
 
-def _runtime_kind(runtime, soft_cap) -> str:
-    """The kernels' runtime kind for ``runtime``; refuses what they cannot take."""
+def _runtime_kind(runtime, soft_cap, *, positions: bool = False) -> str:
+    """The kernels' runtime kind for ``runtime``; refuses what they cannot take (query positions
+    unless ``positions``: the forward takes them, the backward does not)."""
     if soft_cap is not None:
         raise NotImplementedError("the cuda kernels take no logits soft-cap")
-    return runtime_tables.kind(runtime)
+    return runtime_tables.kind(runtime, positions=positions)
 
 
 def _ctas(grid: tuple[int, int, int], slot_bytes: int) -> int:
@@ -149,23 +151,28 @@ def _grid_forward(q, k, v, layout: ACSR, scale: float, rt: str):
 
 def attention_fwd(q, k, v, runtime, layout: ACSR, scale: float, soft_cap=None):
     """``(out [B, Sq, H, D], lse [B, H, Sq] float32)`` from the generated forward kernel (a band
-    in phases on the arrays folded, :mod:`jax_bindings._cuda.phases`); queries at run-time
-    positions (``runtime.q_pos``: decode against a KV cache) from the decode kernel
-    (:mod:`jax_bindings._cuda.decode`)."""
-    if runtime is not None and runtime.q_pos is not None:
+    in phases on the arrays folded, :mod:`jax_bindings._cuda.phases`). Queries at run-time
+    positions (``runtime.q_pos``): up to :data:`decode.MAX_TOKENS` a batch row (decode against a
+    KV cache) from the decode kernel (:mod:`jax_bindings._cuda.decode`), on every layout of
+    segments; longer chunks at an offset (chunked prefill) from the band kernel shifted to the
+    chunk's rows (plain bands)."""
+    positions = runtime is not None and runtime.q_pos is not None
+    if positions and q.shape[1] <= decode.MAX_TOKENS:
         return decode.forward(q, k, v, runtime, layout, scale, soft_cap, _sm_count())
-    rt = _runtime_kind(runtime, soft_cap)
+    rt = _runtime_kind(runtime, soft_cap, positions=True)
     if layout.grid is not None:
+        if positions:
+            raise NotImplementedError("the cuda grid forward takes no query positions (q_offset)")
         return _grid_forward(q, k, v, layout, scale, rt)
     dtype = jnp.dtype(q.dtype).name
     d = plan.band_form(layout, q.shape[-1], dtype, rt).phases
-    variant = plan.fwd_variant(layout, q.shape[-1], dtype, rt)
+    variant = plan.fwd_variant(layout, q.shape[-1], dtype, rt, shifted=positions)
     if d > 1:
         q, k, v = (phases.fold(x, d) for x in (q, k, v))
     name, image = plan.compiled(variant)
     grid = plan.grid(q.shape, variant.schedule, _sm_count())
     maps = plan.tensor_maps(variant.block_n, q.shape, k.shape, v.shape)
-    rt_arrays = runtime_tables.fwd_arrays(runtime, variant.block_n) if rt else ()
+    rt_arrays = runtime_tables.fwd_arrays(runtime, variant.block_n, layout.q_len) if rt else ()
     out, lse = run_forward(name, image, grid, variant.smem, maps, q, k, v, scale, rt_arrays,
                            zero_ticket=source.takes_tickets(variant.schedule))
     return (phases.unfold(out, d), phases.unfold_rows(lse, d)) if d > 1 else (out, lse)
@@ -225,10 +232,29 @@ def attention_bwd(q, k, v, runtime, out, lse, dout, layout: ACSR, scale: float, 
 
 
 def attention_paged(q, k_pages, v_pages, page_table, runtime, layout: ACSR, scale: float, soft_cap=None):
-    """``out [B, Sq, H, D]`` of the decode kernel over a paged KV cache (the contract's
-    ``attention_paged``)."""
-    return decode.forward(q, k_pages, v_pages, runtime, layout, scale, soft_cap, _sm_count(),
-                          page_table=page_table)[0]
+    """``out [B, Sq, H, D]`` over a paged KV cache (the contract's ``attention_paged``): the decode
+    kernel reads the pages in place; a longer chunk (chunked prefill) gathers them into a
+    contiguous cache and runs the shifted band kernel, where the gather's bytes are a small part
+    of the chunk's work (a page of 16 keys is read once for every query of the chunk)."""
+    if q.shape[1] <= decode.MAX_TOKENS:
+        return decode.forward(q, k_pages, v_pages, runtime, layout, scale, soft_cap, _sm_count(),
+                              page_table=page_table)[0]
+    if runtime.q_ids is not None:
+        raise NotImplementedError(
+            "the cuda backend runs a paged chunk longer than the decode kernel's "
+            f"{decode.MAX_TOKENS} tokens without segment ids only")
+    n_pages, page_size = k_pages.shape[:2]
+    b, max_pages = page_table.shape
+    page_ok = (page_table >= 0) & (page_table < n_pages)
+    pages = jnp.clip(page_table, 0, n_pages - 1)
+    k, v = (x[pages].reshape(b, max_pages * page_size, *x.shape[2:]) for x in (k_pages, v_pages))
+    # keys of a page id outside the pool are hidden as keys of another segment: sorted (the fast
+    # case) where such pages come last
+    hidden = jnp.repeat(~page_ok, page_size, axis=1).astype(jnp.int32)
+    q_ids = jnp.zeros(q.shape[:2], jnp.int32)
+    exact = jnp.all(hidden[:, 1:] >= hidden[:, :-1], axis=1).astype(jnp.int32)
+    runtime = runtime._replace(q_ids=q_ids, kv_ids=hidden, exact=exact)
+    return attention_fwd(q, k, v, runtime, layout, scale, soft_cap)[0]
 
 
 def _unfused(*args, **kwargs):

@@ -44,6 +44,8 @@ class FwdVariant:
     variants store it by TMA from the Q tile (1.03-1.05x on the windows and dense at S = 16384
     against stores from registers, NOTES.md session 18).
     ``band_block``: rows measure the band from their block's first row (:class:`acsr.BandForm`).
+    ``shifted``: queries at run-time positions, a chunk at an offset into the keys (chunked
+    prefill; :func:`source.source`'s ``shifted``).
     """
 
     band: acsr.Band
@@ -56,6 +58,7 @@ class FwdVariant:
     q_stages: int = 1
     o_store: str = "registers"
     band_block: int = 1
+    shifted: bool = False
 
     def __post_init__(self):
         source.check_schedule(self.schedule)
@@ -65,7 +68,7 @@ class FwdVariant:
         return source.with_unique_name(source.source(
             self.band.left, self.band.right, stages=self.stages, block_n=self.block_n, dtype=self.dtype,
             schedule=self.schedule, section_bytes=self.section_bytes, runtime=self.runtime,
-            q_stages=self.q_stages, o_store=self.o_store, band_block=self.band_block))
+            q_stages=self.q_stages, o_store=self.o_store, band_block=self.band_block, shifted=self.shifted))
 
     @property
     def smem(self) -> int:
@@ -231,21 +234,33 @@ def grid_fwd_variant(layout: ACSR, head_dim: int, dtype: str, runtime: str = "")
     return GridFwdVariant(p.tiles, dtype, section_bytes=section)
 
 
-def fwd_variant(layout: ACSR, head_dim: int, dtype: str, runtime: str = "") -> FwdVariant | GridFwdVariant:
-    """The forward kernel for this call (``runtime``: the runtime mask's kind), or
-    NotImplementedError saying why none is generated."""
+def fwd_variant(layout: ACSR, head_dim: int, dtype: str, runtime: str = "", shifted: bool = False
+                ) -> FwdVariant | GridFwdVariant:
+    """The forward kernel for this call (``runtime``: the runtime mask's kind; ``shifted``: queries
+    at run-time positions), or NotImplementedError saying why none is generated.
+
+    A shifted chunk on a band unbounded on the left (causal, dense) takes dense's tiles of 176 keys,
+    one head after another: its rows are ``offset`` keys longer than the band's own rows, the
+    wide tile amortises their edge (2048 causal queries at offsets 0, 14336 and 30720 of 32768
+    keys: 1.08x, 1.08x and 1.06x causal's plan; 1.01-1.03x FA3 on H200, NOTES.md session 28).
+    Other shifted bands take their band's plan: their walks are the window's."""
     if layout.grid is not None:
+        if shifted:
+            raise NotImplementedError("the cuda grid forward takes no query positions (q_offset)")
         return grid_fwd_variant(layout, head_dim, dtype, runtime)
     form = band_form(layout, head_dim, dtype, runtime)
+    if shifted and (form.phases > 1 or form.block > 1 or not runtime):
+        raise NotImplementedError("the cuda forward takes query positions (q_offset) on plain bands")
     band, block = form.band, form.block
-    if band.left is None and band.right is None:
-        return FwdVariant(band, dtype, block_n=176, schedule="queue", runtime=runtime, o_store="tma")
+    if band.left is None and (band.right is None or shifted):
+        return FwdVariant(band, dtype, block_n=176, schedule="queue", runtime=runtime, o_store="tma",
+                          shifted=shifted)
     if band.left is None:
         variant = FwdVariant(band, dtype, schedule="queue", section_bytes=QUEUE_SECTION_BYTES,
-                             runtime=runtime, o_store="tma", band_block=block)
+                             runtime=runtime, o_store="tma", band_block=block, shifted=shifted)
     else:
         variant = FwdVariant(band, dtype, schedule="strided", runtime=runtime, o_store="tma",
-                             band_block=block)
+                             band_block=block, shifted=shifted)
     return with_two_q_tiles(variant)
 
 

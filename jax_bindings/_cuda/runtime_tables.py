@@ -9,7 +9,10 @@ elementwise work fused into a few kernels:
 =============  ==============  ===============================================================
 array          shape           meaning
 =============  ==============  ===============================================================
-rt_lens        ``[B, 2]``      ``q_len``, ``kv_len``
+rt_lens        ``[B, 2]``      ``q_len``, ``kv_len``; with queries at run-time positions (the
+                               forward's ``shifted`` kernels) ``[B, 4]``: the end of the rows
+                               that see keys, ``kv_len``, the layout row of query 0 (``shift``)
+                               and the first row that sees keys (:func:`shifted_lens`)
 rt_q_ids       ``[B, Sq]``     segment id of each query (backward: padded to whole query blocks,
                                which its producer copies with each step's Q and dO)
 rt_kv_ids      ``[B, Skv]``    segment id of each key (forward: padded to whole key tiles of
@@ -47,13 +50,19 @@ from jax_bindings._runtime import RuntimeMask
 _I32 = jnp.int32
 
 
-def kind(runtime: RuntimeMask | None) -> str:
+def kind(runtime: RuntimeMask | None, *, positions: bool = False) -> str:
     """The kernels' runtime kind (a key of :data:`source.RUNTIMES`) for ``runtime``, or
-    NotImplementedError naming what they cannot take."""
+    NotImplementedError naming what they cannot take. ``positions``: the caller takes queries
+    at run-time positions that run on from an offset (``q_start``, the forward's shifted
+    kernels); else query positions are refused."""
     if runtime is None:
         return ""
-    if runtime.q_pos is not None:
-        raise NotImplementedError("the cuda kernels take no q_offset (query positions)")
+    if runtime.q_pos is not None and not positions:
+        raise NotImplementedError("the cuda kernels take query positions (q_offset) in the forward only")
+    if runtime.q_pos is not None and runtime.q_start is None:
+        raise NotImplementedError(
+            "the cuda forward takes query positions that run on from an offset (q_offset), "
+            "not given one by one")
     return "ids" if runtime.q_ids is not None else "lengths"
 
 
@@ -101,21 +110,37 @@ def lens(runtime: RuntimeMask) -> jax.Array:
     return jnp.stack([runtime.q_len, runtime.kv_len], axis=1).astype(_I32)
 
 
+def shifted_lens(runtime: RuntimeMask, layout_rows: int) -> jax.Array:
+    """``rt_lens [B, 4]`` of queries at run-time positions ``q_start + i`` in a layout of
+    ``layout_rows`` rows: ``(q_end, kv_len, q_start, q_first)``, the rows ``[q_first, q_end)``
+    being those inside ``q_len`` whose position is inside the layout (the rest see no key, as
+    ``q_pos = -1`` says)."""
+    start = runtime.q_start.astype(_I32)
+    sq = runtime.q_pos.shape[1]
+    end = jnp.clip(jnp.minimum(runtime.q_len, layout_rows - start), 0, sq)
+    first = jnp.clip(-start, 0, sq)
+    return jnp.stack([end, runtime.kv_len, start, first], axis=1).astype(_I32)
+
+
 def _padded(ids: jax.Array, block: int) -> jax.Array:
     """``ids [B, S]`` padded with zeros to a whole number of blocks."""
     s = ids.shape[1]
     return jnp.pad(ids, ((0, 0), (0, -(-s // block) * block - s)))
 
 
-def fwd_arrays(runtime: RuntimeMask, block_n: int) -> tuple[jax.Array, ...]:
+def fwd_arrays(runtime: RuntimeMask, block_n: int, layout_rows: int | None = None) -> tuple[jax.Array, ...]:
     """The forward kernel's runtime arrays (:data:`source.FWD_RUNTIME_ARRAYS` for its kind), for
-    a kernel of ``block_n`` keys a tile."""
+    a kernel of ``block_n`` keys a tile; ``layout_rows``: the rows of the layout that query
+    positions index (needed with them)."""
     r = runtime
-    if kind(r) == "lengths":
-        return (lens(r),)
+    if r.q_pos is not None and layout_rows is None:
+        raise ValueError("layout_rows is needed with query positions")
+    rt_lens = lens(r) if r.q_pos is None else shifted_lens(r, layout_rows)
+    if kind(r, positions=True) == "lengths":
+        return (rt_lens,)
     q_ids, kv_ids = r.q_ids.astype(_I32), r.kv_ids.astype(_I32)
     ranges = _ranges(r.exact, q_ids, kv_ids, source.BM)
-    return lens(r), q_ids, _padded(kv_ids, block_n), ranges
+    return rt_lens, q_ids, _padded(kv_ids, block_n), ranges
 
 
 def lead_key_blocks(ranges: jax.Array, sq: int) -> jax.Array:

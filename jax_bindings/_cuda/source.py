@@ -220,6 +220,13 @@ __device__ __forceinline__ int2 batch_lengths(const int* rt_lens, int b, int Sq,
   if (rt_lens == nullptr) return make_int2(Sq, Skv);
   return make_int2(min(Sq, rt_lens[2 * b]), min(Skv, rt_lens[2 * b + 1]));
 }
+// A batch row of queries at run-time positions: rt_lens [B, 4] holds the end of its rows that
+// see keys (within q_len and the layout), kv_len, the layout row of query 0 (its shift) and the
+// first row that sees keys; as (q_end, kv_end, shift, q_first), clipped to (Sq, Skv)
+__device__ __forceinline__ int4 shifted_lengths(const int* rt_lens, int b, int Sq, int Skv) {
+  const int4 t = reinterpret_cast<const int4*>(rt_lens)[b];
+  return make_int4(min(Sq, t.x), min(Skv, t.y), t.z, max(0, t.w));
+}
 // `bytes` (a multiple of 16, from a 16-byte aligned address) into shared memory, completing on bar
 __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
@@ -372,6 +379,10 @@ constexpr int SCHEDULE = __SCHEDULE__;  // 0: grid, 1: strided, 2: queue
 // K/V tiles are loaded while the consumers still walk the current one
 constexpr int Q_STAGES = __Q_STAGES__;
 constexpr int RT = __RT__;  // runtime mask: 0 none, 1 lengths, 2 lengths and segment ids
+// queries at run-time positions (chunked prefill): query row i is row i + shift of the band, the
+// shift per batch row in rt_lens (shifted_lengths); rows outside [q_first, q_end) see no key
+constexpr bool SHIFTED = __SHIFTED__;
+static_assert(!SHIFTED || RT >= 1, "run-time positions come in rt_lens");
 // a grid layout's spatial tiles instead of the band (grid_tiles): the grid (3 axes, outermost
 // first), its dilations, the query patch, the key tile, patches per axis, the tables' strides
 constexpr bool GRID = __GRID__;
@@ -442,7 +453,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   // grid: the patch's first query coordinate, its key box's first key and tiles, and the tiles
   // [lo, hi) inside every window of the patch, per axis (grid_tiles' patch table)
   struct Work {
-    int h, b, m0, t0, n_tiles, q_end, kv_end, in_lo, in_hi;
+    int h, b, m0, t0, n_tiles, q_end, kv_end, in_lo, in_hi, shift, q_first;
     int gq[3], gfirst[3], gnt[3], glo[3], ghi[3];
   };
   const int4* grid_patches = reinterpret_cast<const int4*>(grid_tables);
@@ -490,18 +501,30 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
       x.kv_end = Skv;
       x.in_lo = 0;
       x.in_hi = Skv;
+      x.shift = x.q_first = 0;
       return x;
     }
-    // the key tiles any row of the block sees
+    if (SHIFTED) {
+      const int4 len = shifted_lengths(rt_lens, x.b, Sq, Skv);
+      x.q_end = len.x;
+      x.kv_end = len.y;
+      x.shift = len.z;
+      x.q_first = len.w;
+    } else {
+      const int2 len = batch_lengths(rt_lens, x.b, Sq, Skv);
+      x.q_end = len.x;
+      x.kv_end = len.y;
+      x.shift = x.q_first = 0;
+    }
+    // the key tiles any row of the block sees (at the block's band rows)
+    const int a0 = x.m0 + x.shift;
     int lo = 0, hi = Skv;
-    if (LEFT < __UNBOUNDED__) lo = max(0, anchor_of<BAND_BLOCK>(x.m0) - LEFT);
-    if (RIGHT < __UNBOUNDED__) hi = min(Skv, anchor_of<BAND_BLOCK>(x.m0 + BM - 1) + RIGHT + 1);
-    const int2 len = batch_lengths(rt_lens, x.b, Sq, Skv);
-    x.q_end = len.x;
-    x.kv_end = len.y;
+    if (LEFT < __UNBOUNDED__) lo = max(0, anchor_of<BAND_BLOCK>(a0) - LEFT);
+    if (RIGHT < __UNBOUNDED__) hi = min(Skv, anchor_of<BAND_BLOCK>(a0 + BM - 1) + RIGHT + 1);
     x.in_lo = 0;
     x.in_hi = Skv;
-    if (RT >= 1) hi = min(hi, x.m0 < x.q_end ? x.kv_end : 0);  // a block of padding rows walks nothing
+    // a block of rows that see nothing (padding, or outside the layout) walks nothing
+    if (RT >= 1) hi = min(hi, x.m0 < x.q_end && x.m0 + BM > x.q_first ? x.kv_end : 0);
     if (RT == 2) {
       const int4 t = reinterpret_cast<const int4*>(rt_ranges)[(size_t)x.b * n_row_blocks + mb];
       lo = max(lo, t.x);
@@ -683,6 +706,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   int m0 = 0, t0 = 0, rows[2] = {0, 0};
   // the current work tile's key length and id-free keys (Work), this thread's rows' segment ids
   int kv_end = Skv, in_lo = 0, in_hi = Skv, row_id[2] = {0, 0};
+  int shift = 0;  // the band row of the work tile's row 0 less m0 (SHIFTED; else 0)
   // grid: the work tile's patch (Work's g* fields); this thread's rows' windows per axis (first
   // key, end), as loaded: what derives from them is computed under the first tile's products,
   // so that the load's latency is too; the bits of this thread's columns (MaskWord) each axis
@@ -787,8 +811,9 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   auto softmax = [&](int t, int s) {
     const int n0 = (t0 + t) * BN;
     bool edge = n0 + BN > kv_end;
-    if (LEFT < __UNBOUNDED__) edge |= n0 < anchor_of<BAND_BLOCK>(m0 + BM - 1) - LEFT;
-    if (RIGHT < __UNBOUNDED__) edge |= n0 + BN - 1 > anchor_of<BAND_BLOCK>(m0) + RIGHT;
+    const int a0 = m0 + (SHIFTED ? shift : 0);
+    if (LEFT < __UNBOUNDED__) edge |= n0 < anchor_of<BAND_BLOCK>(a0 + BM - 1) - LEFT;
+    if (RIGHT < __UNBOUNDED__) edge |= n0 + BN - 1 > anchor_of<BAND_BLOCK>(a0) + RIGHT;
     if (RT == 2) edge |= n0 < in_lo || n0 + BN > in_hi;
     if (GRID) {
       edge = gedge;
@@ -804,8 +829,9 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     } else if (edge) {
       // col - row and kv_end - col as per-thread values plus constants: compares with immediates
       // (col - the rows' anchors where the band is measured from blocks of rows)
-      const int col0 = n0 + 2 * (lane % 4), d0 = col0 - rows[0], room = kv_end - col0;
-      const int anchors[2] = {anchor_of<BAND_BLOCK>(rows[0]), anchor_of<BAND_BLOCK>(rows[1])};
+      const int sh = SHIFTED ? shift : 0;
+      const int col0 = n0 + 2 * (lane % 4), d0 = col0 - rows[0] - sh, room = kv_end - col0;
+      const int anchors[2] = {anchor_of<BAND_BLOCK>(rows[0] + sh), anchor_of<BAND_BLOCK>(rows[1] + sh)};
       const int* key_id = reinterpret_cast<const int*>(smem + (s_ids - s_q) + s * BN * 4) + 2 * (lane % 4);
 #pragma unroll
       for (int i = 0; i < SN; ++i) {
@@ -888,6 +914,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
     }
   }
   kv_end = x.kv_end;
+  shift = x.shift;
   in_lo = x.in_lo;
   in_hi = x.in_hi;
   if (RT == 2)
@@ -1029,7 +1056,7 @@ extern "C" __global__ void __launch_bounds__(__THREADS__, 1) __NAME__(
   for (int i = 0; i < 2; ++i) {
     const int row = rows[i];
     if (row >= Sq && !staged) continue;
-    if (row >= x.q_end) sum[i] = 0.f;  // padding: out = 0, lse = -inf
+    if (row >= x.q_end || row < x.q_first) sum[i] = 0.f;  // padding or no position: out = 0, lse = -inf
     const float inv = sum[i] > 0.f ? 1.f / sum[i] : 0.f;
     if (staged) {
       const int r = 64 * wg + 16 * (warp % 4) + lane / 4 + 8 * i;  // the row in the tile
@@ -1154,7 +1181,7 @@ def source(left: int | None, right: int | None, *, stages: int = 2, overlap: boo
            pingpong: bool = True, feed: str = "tma", proxy_fence: bool | None = None,
            block_n: int = BN, dtype: str = "bfloat16", schedule: str = "grid", section_bytes: int = 0,
            runtime: str = "", grid=None, q_stages: int = 1, o_store: str = "registers",
-           band_block: int = 1) -> str:
+           band_block: int = 1, shifted: bool = False) -> str:
     """The kernel's CUDA C++ for the mask ``a(i) - left <= j <= a(i) + right`` (``None``: unbounded),
     ``a(i) = i - i % band_block`` (row ``i`` itself by default; :class:`acsr.BandForm`'s ``block``).
 
@@ -1198,6 +1225,12 @@ def source(left: int | None, right: int | None, *, stages: int = 2, overlap: boo
     keys per tile (the wgmma N of ``Q K^T``). V's MN-major descriptor has the 64-column block
     stride (``block_n * 128`` bytes) as its leading offset and 8 keys (1024 bytes) as its stride;
     the other order was built and fails the check.
+    ``shifted``: queries at run-time positions (a chunk of queries at an offset into a KV cache):
+    query row ``i`` of batch row ``b`` is row ``i + shift[b]`` of the band, and only rows in
+    ``[q_first[b], q_end[b])`` see keys (the others get ``out = 0``, ``lse = -inf``); ``rt_lens``
+    is then ``[B, 4]``: ``(q_end, kv_len, shift, q_first)``
+    (:func:`jax_bindings._cuda.runtime_tables.shifted_lens`). Needs a runtime mask and a plain
+    band (``band_block = 1``, no grid).
     """
     if feed not in FEEDS:
         raise ValueError(f"feed must be one of {sorted(FEEDS)}, got {feed!r}")
@@ -1218,6 +1251,9 @@ def source(left: int | None, right: int | None, *, stages: int = 2, overlap: boo
     if o_store == "tma" and (schedule == "grid" or feed != "tma" or grid is not None):
         raise ValueError(f"o_store='tma' needs a persistent schedule, feed='tma' and no grid tiles, got "
                          f"schedule={schedule!r}, feed={feed!r}, grid={grid!r}")
+    if shifted and (not runtime or band_block != 1 or grid is not None):
+        raise ValueError(f"shifted needs a runtime mask and a plain band, got runtime={runtime!r}, "
+                         f"band_block={band_block!r}, grid={grid!r}")
     if grid is not None:
         if schedule == "grid" or runtime or left is not None or right is not None or band_block != 1:
             raise ValueError(f"grid tiles need a persistent schedule, no runtime mask and no band, got "
@@ -1239,7 +1275,7 @@ def source(left: int | None, right: int | None, *, stages: int = 2, overlap: boo
         "__PRODUCER_REGS__": PRODUCER_REGS, "__CONSUMER_REGS__": CONSUMER_REGS, "__ELEM__": ELEMENTS[dtype],
         "__SECTION_BYTES__": section_bytes, "__Q_STAGES__": q_stages,
         "__O_TMA__": str(o_store == "tma").lower(), "__MAP_STAGE_BYTES__": map_stage_bytes(o_store),
-        **runtime_subs(runtime, FWD_RUNTIME_ARRAYS), **grid_subs(grid),
+        "__SHIFTED__": str(shifted).lower(), **runtime_subs(runtime, FWD_RUNTIME_ARRAYS), **grid_subs(grid),
     }
     text = HELPERS + wgmma_ss(block_n) + wgmma_rs(D) + _KERNEL
     for key, val in subs.items():
