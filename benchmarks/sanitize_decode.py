@@ -7,7 +7,7 @@ document; and any) with a soft cap, in bfloat16 and
 float16; each compiled as the backend compiles it (``jax_bindings._cuda.decode``) and launched with
 CuPy (JAX stays on the CPU, so no XLA kernel runs under the sanitizer). The plan, the documents'
 key ranges and the merge of the splits are the backend's own (``decode.plan``,
-``decode.document_keys``, ``decode.merge_splits``, run by JAX on the CPU), and every output is
+``decode.document_keys``, ``_split_merge.merge_splits``, run by JAX on the CPU), and every output is
 checked against the float64
 reference; rows that see no key must give 0 and ``-inf``.
 
@@ -33,6 +33,7 @@ import decode_cases as dc  # noqa: E402
 import splat  # noqa: E402
 from jax_bindings import _runtime  # noqa: E402
 from jax_bindings._cuda import decode  # noqa: E402
+from jax_bindings._split_merge import merge_splits  # noqa: E402
 from splat import masks  # noqa: E402
 
 NP = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
@@ -108,7 +109,7 @@ def launch(x: dc.Inputs, layout, dtype: str, page: int, splits: int | None, soft
     out, lse = cp.asnumpy(out).astype(np.float32), cp.asnumpy(lse)
     if splits == 1:
         return out, lse
-    merged, lse = decode.merge_splits(out, lse, np.float32)  # as the backend merges them, on the CPU
+    merged, lse = merge_splits(out, lse, np.float32)  # as the backend merges them, on the CPU
     return np.asarray(merged), np.asarray(lse)
 
 

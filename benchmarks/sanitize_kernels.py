@@ -7,9 +7,13 @@ the sanitizer. Checks the fused output against the unfused SDDMM -> softmax -> S
 path and every result for finiteness. Then every tile config the shipped tuning
 stores (``jax_bindings/tuning/*.json``) can choose, per op, on a window, a dilated
 and a residual (random) layout of 300 rows (not a multiple of any tile), bf16, head dim 128.
+Then the decode kernel (``jax_bindings._triton.decode``) on every ``tests/decode_cases`` case it
+takes, bf16, against the float64 reference (page pools with NaN in the pages nobody maps).
 
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --error-exitcode 9 \
-        python3 benchmarks/sanitize_kernels.py
+        python3 benchmarks/sanitize_kernels.py [decode]
+
+(``decode``: the decode kernel's cases alone.)
 """
 
 from __future__ import annotations
@@ -157,5 +161,62 @@ def tuned_configs() -> int:
     return launched
 
 
+def decode_kernels() -> int:
+    """The decode kernel on every ``decode_cases`` case it takes, bf16, splits as planned and one;
+    returns launches."""
+    import sys
+
+    import ml_dtypes
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+    import decode_cases as dc
+
+    import splat
+    from jax_bindings._triton import decode
+
+    launched = 0
+    rng = np.random.default_rng(0)
+    for name, d, t, h, hk, page, splits in dc.CASES:
+        layout = splat.analyze(dc.MASKS[name], dc.L, dc.L)
+        if decode.refusal(layout, (3, t, h, d), hk, "bfloat16", False) is not None:
+            continue
+        x = dc.inputs(rng, 3, t, h, hk, d, dc.MASKS[name])
+        q, k, v = (a.astype(ml_dtypes.bfloat16) for a in (x.q, x.k, x.v))
+        ref_out, _ = dc.reference(*(a.astype(np.float32) for a in (q, k, v)), x.visible, d**-0.5)
+        table = np.zeros(1, np.int32)
+        if page:
+            kp, vp, table = dc.paged(rng, k.astype(np.float32), v.astype(np.float32), page)
+            k, v = kp.astype(ml_dtypes.bfloat16), vp.astype(ml_dtypes.bfloat16)
+        for n in {splits, 1}:
+            p = decode.plan(q.shape, hk, "bfloat16", layout, d**-0.5, None, 132, page_size=page,
+                            max_pages=table.shape[1] if page else 0, n_pages=k.shape[0] if page else 0,
+                            splits=n)
+            data = [torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16).cuda()
+                    for a in (q, k, v)]
+            data += [torch.from_numpy(np.ascontiguousarray(a)).cuda()
+                     for a in (x.q_pos, x.q_len, x.kv_len, decode.segment_table(layout), table)]
+            out, lse = run_torch(decode.call(p), *data)
+            torch.cuda.synchronize()
+            launched += 1
+            out, lse = out.float().cpu().numpy(), lse.cpu().numpy()
+            if p.splits > 1:  # the splits' merge (jax_bindings._split_merge), in numpy
+                top = lse.max(-1)
+                w = np.exp(lse - np.where(np.isfinite(top), top, 0)[..., None])
+                den = w.sum(-1)[..., None]
+                out = np.where(den > 0, (out * w[..., None]).sum(-2) / np.maximum(den, 1e-30), 0)
+            assert np.isfinite(out).all(), f"decode {name} {d} {t}: non-finite out"
+            err = np.abs(out - ref_out).max()
+            what = f"decode {name} d={d} t={t} page={page} splits={p.splits}"
+            assert err < 3e-2, f"{what}: out differs by {err:.3g}"
+            print(f"decode {name:13s} d={d:3d} t={t:2d} page={page:2d} splits={p.splits:3d} ok ({err:.1e})")
+    return launched
+
+
 if __name__ == "__main__":
-    main()
+    import sys as _sys
+
+    if _sys.argv[1:] == ["decode"]:
+        print(f"{decode_kernels()} launches of the decode kernel")
+    else:
+        main()
+        print(f"{decode_kernels()} launches of the decode kernel")

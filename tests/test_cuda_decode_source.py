@@ -18,6 +18,7 @@ import pytest
 
 import splat
 from jax_bindings._cuda import decode, parts
+from jax_bindings._split_merge import merge_splits
 from splat import masks
 
 # (head dim, dtype, tokens, group, segments, page size, ids, soft cap, split)
@@ -133,7 +134,7 @@ def test_merge_of_splits_matches_float64():
     lse = rng.standard_normal((b, t, h, s)).astype(np.float32) * 3
     lse[0, 0, 0, :] = -np.inf  # a row no split saw: 0, -inf
     lse[1, 2, 3, 1:] = -np.inf  # one split only
-    out, got_lse = decode.merge_splits(jnp.asarray(o), jnp.asarray(lse), jnp.float32)
+    out, got_lse = merge_splits(jnp.asarray(o), jnp.asarray(lse), jnp.float32)
     top = np.max(lse, -1, keepdims=True)
     w = np.where(np.isfinite(lse), np.exp(lse - np.where(np.isfinite(top), top, 0)), 0)
     den = w.sum(-1)

@@ -7,7 +7,9 @@ bands measured from blocks of rows, as block-local; bands in interleaved phases,
 windows and strided, folded into heads by :mod:`jax_bindings._cuda.phases`), head dim 128, bfloat16
 or float16, on a GPU of compute capability 9.0 (H100, H200). Queries at run-time positions
 (``q_offset``: decode and speculative decoding against a KV cache, contiguous or paged) run on
-the decode kernel (:mod:`jax_bindings._cuda.decode`) for every layout of segments; longer chunks
+the decode route the numbers favour (:func:`decode_route`): the Triton decode kernel
+(:mod:`jax_bindings._triton.decode`) for runs of consecutive keys and a few tokens, the CUDA decode
+kernel (:mod:`jax_bindings._cuda.decode`) for every other layout of segments; longer chunks
 at an offset (chunked prefill) on the forward band kernel shifted to the chunk's rows, on plain
 bands. Everything else is refused with ``NotImplementedError`` naming why, so ``backend="auto"``
 moves on (to the Triton backend): other masks, head dims and dtypes, longer chunks at an offset
@@ -32,6 +34,7 @@ GPU of compute capability 9.0, no CUDA compiler, no driver tensor maps.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -149,16 +152,39 @@ def _grid_forward(q, k, v, layout: ACSR, scale: float, rt: str):
                        zero_ticket=source.takes_tickets(variant.schedule))
 
 
+@functools.cache
+def _triton_backend():
+    """The Triton backend module, or None where it cannot load here (no triton, no jax-triton)."""
+    try:
+        from jax_bindings._triton import backend
+    except ImportError:
+        return None
+    return backend
+
+
+def decode_route(q, k, v, runtime, layout: ACSR, scale: float, soft_cap, page_table=None):
+    """``(out, lse)`` of decode on the kernel measured faster for the call: the Triton decode kernel
+    wherever it takes it (runs of consecutive keys: causal, windows, sinks + window; contiguous or
+    paged; up to 16 tokens; 1.11-1.32x this backend's decode kernel on H200,
+    :func:`jax_bindings._triton.decode.preferred`), else the CUDA decode kernel (strided segments,
+    segment ids, up to 32 tokens, head dims that are no power of two)."""
+    triton = _triton_backend()
+    dtype = jnp.dtype(q.dtype).name
+    ids = runtime.q_ids is not None
+    if triton is not None and triton.decode.preferred(layout, q.shape, k.shape[2], dtype, ids):
+        return triton.decode_forward(q, k, v, runtime, layout, scale, soft_cap, page_table)
+    return decode.forward(q, k, v, runtime, layout, scale, soft_cap, _sm_count(), page_table=page_table)
+
+
 def attention_fwd(q, k, v, runtime, layout: ACSR, scale: float, soft_cap=None):
     """``(out [B, Sq, H, D], lse [B, H, Sq] float32)`` from the generated forward kernel (a band
     in phases on the arrays folded, :mod:`jax_bindings._cuda.phases`). Queries at run-time
     positions (``runtime.q_pos``): up to :data:`decode.MAX_TOKENS` a batch row (decode against a
-    KV cache) from the decode kernel (:mod:`jax_bindings._cuda.decode`), on every layout of
-    segments; longer chunks at an offset (chunked prefill) from the band kernel shifted to the
-    chunk's rows (plain bands)."""
+    KV cache) from :func:`decode_route`, on every layout of segments; longer chunks at an offset
+    (chunked prefill) from the band kernel shifted to the chunk's rows (plain bands)."""
     positions = runtime is not None and runtime.q_pos is not None
     if positions and q.shape[1] <= decode.MAX_TOKENS:
-        return decode.forward(q, k, v, runtime, layout, scale, soft_cap, _sm_count())
+        return decode_route(q, k, v, runtime, layout, scale, soft_cap)
     rt = _runtime_kind(runtime, soft_cap, positions=True)
     if layout.grid is not None:
         if positions:
@@ -232,13 +258,12 @@ def attention_bwd(q, k, v, runtime, out, lse, dout, layout: ACSR, scale: float, 
 
 
 def attention_paged(q, k_pages, v_pages, page_table, runtime, layout: ACSR, scale: float, soft_cap=None):
-    """``out [B, Sq, H, D]`` over a paged KV cache (the contract's ``attention_paged``): the decode
-    kernel reads the pages in place; a longer chunk (chunked prefill) gathers them into a
+    """``out [B, Sq, H, D]`` over a paged KV cache (the contract's ``attention_paged``): decode
+    (:func:`decode_route`) reads the pages in place; a longer chunk (chunked prefill) gathers them into a
     contiguous cache and runs the shifted band kernel, where the gather's bytes are a small part
     of the chunk's work (a page of 16 keys is read once for every query of the chunk)."""
     if q.shape[1] <= decode.MAX_TOKENS:
-        return decode.forward(q, k_pages, v_pages, runtime, layout, scale, soft_cap, _sm_count(),
-                              page_table=page_table)[0]
+        return decode_route(q, k_pages, v_pages, runtime, layout, scale, soft_cap, page_table)[0]
     if runtime.q_ids is not None:
         raise NotImplementedError(
             "the cuda backend runs a paged chunk longer than the decode kernel's "

@@ -6,7 +6,7 @@ and walks only the keys those rows hold: a window reads the window, sinks + wind
 dilated or strided mask its progression. All query heads of one KV head share a CTA (GQA reads
 K/V once); the key walk is split across CTAs where ``B * Hk`` would leave the GPU idle
 (:func:`choose_splits`), and the splits' partial rows are merged by their log-sum-exp in a fixed
-order (:func:`merge_splits`): reruns are bit-identical.
+order (:func:`jax_bindings._split_merge.merge_splits`): reruns are bit-identical.
 
 Takes: layouts of 1 to 4 segments (no block-sparse residual, no grid); head dims that are
 multiples of 16 up to 256; bfloat16/float16; up to :data:`MAX_TOKENS` query tokens a row; a
@@ -27,6 +27,7 @@ import numpy as np
 
 from acsr import ACSR
 from jax_bindings._cuda import compiler, launch, parts, runtime_tables
+from jax_bindings._split_merge import merge_splits
 
 MAX_TOKENS = 32  # query tokens of a batch row: one lane of warp 0 plans each
 ELEMENT_TYPES = {"bfloat16": "Bf16", "float16": "Fp16"}
@@ -198,25 +199,6 @@ def choose_splits(ctas: int, tiles: int, sms: int, per_sm: int = 2) -> int:
         if cost < best_cost - 1e-9:
             best, best_cost = s, cost
     return best
-
-
-def merge_splits(o_part: jax.Array, lse_part: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
-    """``(out [B, T, H, D] in dtype, lse [B, H, T])`` from the splits' rows ``o_part [B, T, H, S, D]``
-    (each normalised by its own sum) and ``lse_part [B, T, H, S]``: weights ``exp(lse_s - max)``,
-    summed split after split in a fixed order (bit-identical reruns)."""
-    splits = o_part.shape[3]
-    top = jnp.max(lse_part, axis=-1)
-    top = jnp.where(jnp.isfinite(top), top, 0.0)
-    w = jnp.exp(lse_part - top[..., None])
-    den = w[..., 0]
-    acc = o_part[..., 0, :] * w[..., 0, None]
-    for s in range(1, splits):
-        den = den + w[..., s]
-        acc = acc + o_part[..., s, :] * w[..., s, None]
-    has = den > 0
-    out = jnp.where(has[..., None], acc / jnp.where(has, den, 1.0)[..., None], 0.0).astype(dtype)
-    lse = jnp.where(has, top + jnp.log(jnp.where(has, den, 1.0)), -jnp.inf)
-    return out, jnp.moveaxis(lse, 1, 2)
 
 
 def document_keys(runtime, length: int) -> jax.Array:

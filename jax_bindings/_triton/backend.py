@@ -6,7 +6,9 @@ it derives a :class:`~jax_bindings._triton.spec.KernelSpec` from the static ``la
 the shapes, loads the generated kernel (cached by spec) and binds it with
 ``jax_triton.triton_call``. Per-row metadata (arrays of segments without a
 closed form, the stride-phase row permutation, the residual's block lists)
-goes in as extra operands, constants of the traced program.
+goes in as extra operands, constants of the traced program. Queries at run-time
+positions (decode against a KV cache, contiguous or paged) run on the decode
+kernel of :mod:`jax_bindings._triton.decode` (:func:`decode_forward`).
 
 Importing this module needs ``triton`` and ``jax_triton`` and a CUDA JAX; it
 raises ImportError otherwise (the dispatcher then uses the ``"jax"`` backend).
@@ -42,8 +44,9 @@ from jax.interpreters import mlir
 
 from acsr import ACSR
 from jax_bindings import _kernel_proto, _pure
+from jax_bindings._split_merge import merge_splits
 from jax_bindings._triton import cache as _cache
-from jax_bindings._triton import first_call, ops
+from jax_bindings._triton import decode, first_call, ops
 from jax_bindings._triton.spec import transpose_slots, transposed
 
 # jax_triton 0.3.x sets TRITON_CACHE_DIR="" at import, for the whole process: every later
@@ -258,7 +261,8 @@ def _runtime(runtime) -> str:
         return ""
     if runtime.q_pos is not None:
         raise NotImplementedError(
-            "the triton kernels take no q_offset (the static rows they walk are fixed at compile time)"
+            "the triton kernels take q_offset in decode only (the prefill kernels' static rows are fixed at "
+            "compile time)"
         )
     return "ids" if runtime.q_ids is not None else "ranges"
 
@@ -273,8 +277,40 @@ def _rt_operands(runtime, *, keys: bool) -> tuple:
     return (*lens, r.exact, *ids)
 
 
+def _sm_count() -> int:
+    """Streaming multiprocessors of the default GPU (132, an H100 SXM's, where jaxlib does not say)."""
+    return int(getattr(jax.devices()[0], "core_count", 132))
+
+
+def decode_forward(q, k, v, runtime, layout: ACSR, scale: float, soft_cap=None, page_table=None):
+    """``(out [B, Sq, H, D], lse [B, H, Sq])`` of the decode kernel (:mod:`jax_bindings._triton.decode`)
+    at ``runtime.q_pos``, over a contiguous cache ``k, v [B, L, Hk, D]`` or a page pool ``[P,
+    page_size, Hk, D]`` with ``page_table [B, max_pages]``; NotImplementedError for what it does not
+    take (:func:`decode.refusal`)."""
+    dt = _dtype(q)
+    why = decode.refusal(layout, q.shape, k.shape[2], dt, runtime.q_ids is not None)
+    if why is not None:
+        raise NotImplementedError(why)
+    paged = page_table is not None
+    keys = page_table.shape[1] * k.shape[1] if paged else k.shape[1]
+    if keys < layout.kv_len or (not paged and keys != layout.kv_len):
+        raise ValueError(f"the layout's {layout.kv_len} rows do not match the cache's {keys} keys")
+    p = decode.plan(q.shape, k.shape[2], dt, layout, scale, soft_cap, _sm_count(),
+                    page_size=k.shape[1] if paged else 0, max_pages=page_table.shape[1] if paged else 0,
+                    n_pages=k.shape[0] if paged else 0)
+    i32 = jnp.int32
+    table = page_table.astype(i32) if paged else jnp.zeros((1,), i32)
+    out, lse = run_call(decode.call(p), q, k.astype(q.dtype), v.astype(q.dtype), runtime.q_pos.astype(i32),
+                        runtime.q_len.astype(i32), runtime.kv_len.astype(i32),
+                        jnp.asarray(decode.segment_table(layout)), table)
+    return merge_splits(out, lse, q.dtype) if p.splits > 1 else (out, lse)
+
+
 def attention_fwd(q, k, v, runtime, layout: ACSR, scale: float, soft_cap=None):
-    """``(out [B, Sq, H, D], lse [B, H, Sq] float32)`` from the fused forward kernel."""
+    """``(out [B, Sq, H, D], lse [B, H, Sq] float32)`` from the fused forward kernel; queries at
+    run-time positions (decode) from the decode kernel (:func:`decode_forward`)."""
+    if runtime is not None and runtime.q_pos is not None:
+        return decode_forward(q, k, v, runtime, layout, scale, soft_cap)
     rt = _runtime(runtime)
     call = ops.fwd_call(layout, q.shape, k.shape, _dtype(q), scale, runtime=rt, soft_cap=soft_cap)
     out, lse = run_call(call, q, k, v.astype(q.dtype), *_rt_operands(runtime, keys=False))
@@ -295,8 +331,9 @@ def attention_bwd(q, k, v, runtime, out, lse, dout, layout: ACSR, scale: float, 
 
 
 def attention_paged(q, k_pages, v_pages, page_table, runtime, layout: ACSR, scale: float, soft_cap=None):
-    """Always refuses: the triton kernels read contiguous keys (``backend="auto"`` moves on)."""
-    raise NotImplementedError("the triton kernels take no paged KV cache")
+    """``out [B, Sq, H, D]`` of the decode kernel over a paged KV cache (the contract's
+    ``attention_paged``); longer chunks are refused (the prefill kernels read contiguous keys)."""
+    return decode_forward(q, k_pages, v_pages, runtime, layout, scale, soft_cap, page_table)[0]
 
 
 # -- unfused ops -------------------------------------------------------------------

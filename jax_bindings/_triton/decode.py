@@ -1,0 +1,292 @@
+"""Decode on Triton: a few query tokens a batch row, at run-time positions, against a KV cache.
+
+The decode route the numbers favour on Hopper for layouts whose rows are runs of consecutive keys
+(causal, windows, sinks + window, dense): ``benchmarks/NOTES.md`` (sessions 27-28) measured this
+loop at 85-91% of HBM where the CUDA decode kernel (:mod:`jax_bindings._cuda.decode`) reached
+74-84%. The CUDA kernel keeps what this one refuses: strided segments (dilated, strided masks),
+segment ids (it narrows each token's walk to its document) and more tokens a row.
+
+Glossary (the kernel's symbols):
+
+* ``B`` batch rows, ``SQ`` query tokens a row (1..:data:`MAX_TOKENS`), ``H`` query heads, ``HK``
+  KV heads, ``G = H // HK``, ``D`` head dim (a power of two, 16..256).
+* The cache: contiguous ``[B, L, HK, D]`` (``PAGE = 0``), or a page pool ``[N_PAGES, PAGE, HK, D]``
+  with ``TABLE [B, MAX_PAGES]`` (logical key ``j`` of row ``b`` at page ``TABLE[b, j // PAGE]``,
+  slot ``j % PAGE``; a page id outside ``[0, N_PAGES)`` hides its keys).
+* ``QPOS [B, SQ]``: each token's row of the layout (-1: it sees nothing); ``QLEN``, ``KVLEN``
+  ``[B]``: tokens at or past ``QLEN`` are padding, keys at or past ``KVLEN`` are never seen.
+* ``SEG [L, NSEG, 2]``: per layout row, each segment's first key and count (every segment a run of
+  consecutive keys: :func:`takes` checks it). Token ``t`` sees key ``j`` of segment ``s`` where
+  ``SEG[pos_t, s, 0] <= j < SEG[pos_t, s, 0] + SEG[pos_t, s, 1]``, ``j < KVLEN``.
+* A program owns (split, batch row, KV head). Its tile rows are ``r = t * G + g`` (token, head of
+  the group), padded to ``BLOCK_M >= 16`` for ``tl.dot``: a K/V tile is read once for all
+  ``G`` heads and ``SQ`` tokens. Per segment it walks the tiles of ``BLOCK_N`` keys over the
+  union of its rows' runs; the row's own run masks each score. The tiles of all segments, in
+  order, are cut into ``NUM_SPLITS`` equal shares (flash-decoding), one a program.
+* Online softmax in base 2 (``SCALE_LOG2 = scale * log2(e)`` folded into the scores; with a soft
+  cap ``CAP``, ``z = scale * q.k`` becomes ``CAP * tanh(z / CAP)`` first). ``NUM_SPLITS == 1``
+  writes ``out`` and ``lse [B, H, SQ]`` (natural log) at once; otherwise float32 partials, each
+  normalised by its own sum, ``[B, SQ, H, S, D]`` and their ``lse [B, SQ, H, S]``, merged by
+  :func:`jax_bindings._split_merge.merge_splits` in a fixed order (bit-identical reruns).
+* A row that sees no key outputs 0 and lse ``-inf``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+
+import numpy as np
+import triton
+import triton.language as tl
+
+from acsr import ACSR
+from jax_bindings._triton.ops import Call
+
+MAX_TOKENS = 16  # query tokens of a batch row (speculative decoding's drafts)
+MAX_SEGMENTS = 4
+MAX_ROWS = 128  # SQ * G rows of one program's tile
+LOG2E = 1.4426950408889634
+# the kernel reads module globals only as constexprs
+_LOG2E = tl.constexpr(LOG2E)
+_LN2 = tl.constexpr(0.6931471805599453)
+
+
+def _kernel(
+    Q, K, V, QPOS, QLEN, KVLEN, SEG, TABLE, OUT, LSE,
+    SCALE_LOG2: tl.constexpr, CAP: tl.constexpr, SQ: tl.constexpr, H: tl.constexpr, HK: tl.constexpr,
+    D: tl.constexpr, NSEG: tl.constexpr, L: tl.constexpr, PAGE: tl.constexpr, MAX_PAGES: tl.constexpr,
+    N_PAGES: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+):  # fmt: skip
+    G: tl.constexpr = H // HK
+    tl.static_assert(SQ * G <= BLOCK_M, "BLOCK_M covers the tile's SQ * G rows")
+    tl.static_assert(BLOCK_M >= 16, "tl.dot takes 16 rows or more")
+    pid_s = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // HK
+    hk = pid_bh % HK
+    b64 = b.to(tl.int64)
+
+    # -- the tile's rows: (token, head of the group); which of them see keys at all
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    tok = offs_m // G
+    head = hk * G + offs_m % G
+    row_ok = offs_m < SQ * G
+    q_len = tl.load(QLEN + b)
+    kv_len = tl.load(KVLEN + b)
+    pos = tl.load(QPOS + b * SQ + tok, mask=row_ok, other=-1)
+    live = row_ok & (tok < q_len) & (pos >= 0) & (pos < L)
+    seg_row = tl.where(live, pos, 0).to(tl.int64) * (NSEG * 2)
+    q_rows = (b64 * SQ + tok) * H + head
+    q = tl.load(Q + q_rows[:, None] * D + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+
+    # -- the walk: per segment, the union of the rows' runs (clipped to kv_len) in whole tiles
+    total = 0
+    for s in tl.static_range(NSEG):
+        base = tl.load(SEG + seg_row + 2 * s, mask=live, other=0)
+        count = tl.load(SEG + seg_row + 2 * s + 1, mask=live, other=0)
+        has = live & (count > 0)
+        lo = tl.min(tl.where(has, base, 2147483647), 0)
+        hi = tl.minimum(tl.max(tl.where(has, base + count, 0), 0), kv_len)
+        total += tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_N)
+    per_split = tl.cdiv(total, NUM_SPLITS)
+    t0 = pid_s * per_split
+    t1 = tl.minimum(t0 + per_split, total)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    done = 0  # tiles of the segments before this one
+    for s in tl.static_range(NSEG):
+        base = tl.load(SEG + seg_row + 2 * s, mask=live, other=0)
+        count = tl.load(SEG + seg_row + 2 * s + 1, mask=live, other=0)
+        has = live & (count > 0)
+        end = base + count
+        lo = tl.min(tl.where(has, base, 2147483647), 0)
+        hi = tl.minimum(tl.max(tl.where(has, end, 0), 0), kv_len)
+        n = tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_N)
+        first = tl.minimum(tl.maximum(t0 - done, 0), n)
+        last = tl.minimum(tl.maximum(t1 - done, 0), n)
+        for t in tl.range(first, last):
+            offs_n = lo + t * BLOCK_N + tl.arange(0, BLOCK_N)
+            kv_ok = offs_n < hi
+            if PAGE == 0:
+                rows = (b64 * L + offs_n) * HK + hk
+            else:
+                page = tl.load(TABLE + b64 * MAX_PAGES + offs_n // PAGE, mask=kv_ok, other=-1)
+                kv_ok = kv_ok & (page >= 0) & (page < N_PAGES)
+                page = tl.minimum(tl.maximum(page, 0), N_PAGES - 1).to(tl.int64)
+                rows = (page * PAGE + offs_n % PAGE) * HK + hk
+            k = tl.load(K + rows[:, None] * D + offs_d[None, :], mask=kv_ok[:, None], other=0.0)
+            sc = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+            if CAP > 0:
+                z = sc * (SCALE_LOG2 / _LOG2E / CAP)  # soft cap: CAP * tanh(scale * q.k / CAP)
+                sc = CAP * _LOG2E * (1.0 - 2.0 / (tl.math.exp2(z * (2.0 * _LOG2E)) + 1.0))
+            else:
+                sc = sc * SCALE_LOG2
+            seen = kv_ok[None, :] & (offs_n[None, :] >= base[:, None]) & (offs_n[None, :] < end[:, None])
+            seen = seen & has[:, None]
+            sc = tl.where(seen, sc, float("-inf"))
+            # softmax with its rescale; a row with no key yet keeps m = -inf and p = 0
+            m_new = tl.maximum(m_i, tl.max(sc, 1))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.math.exp2(sc - m_use[:, None])
+            alpha = tl.math.exp2(m_i - m_use)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(V + rows[:, None] * D + offs_d[None, :], mask=kv_ok[:, None], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            m_i = m_new
+        done += n
+
+    # -- epilogue: normalised by this program's own sum; no key -> 0 and lse -inf
+    seen_any = l_i > 0.0
+    o = acc / tl.where(seen_any, l_i, 1.0)[:, None]
+    lse = tl.where(seen_any, (m_i + tl.math.log2(tl.where(seen_any, l_i, 1.0))) * _LN2, float("-inf"))
+    if NUM_SPLITS == 1:
+        o_ptrs = OUT + q_rows[:, None] * D + offs_d[None, :]
+        tl.store(o_ptrs, o.to(OUT.dtype.element_ty), mask=row_ok[:, None])
+        tl.store(LSE + (b64 * H + head) * SQ + tok, lse, mask=row_ok)
+    else:
+        part = q_rows * NUM_SPLITS + pid_s
+        tl.store(OUT + part[:, None] * D + offs_d[None, :], o, mask=row_ok[:, None])
+        tl.store(LSE + part, lse, mask=row_ok)
+
+
+@functools.cache
+def kernel(interpret: bool):
+    """The kernel as ``triton.jit`` makes it with ``TRITON_INTERPRET`` set to ``interpret``
+    (Triton picks compiled or interpreted when it decorates)."""
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
+    try:
+        return triton.jit(_kernel)
+    finally:
+        if old is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+
+
+def refusal(layout: ACSR, q_shape, kv_heads: int, dtype: str, ids: bool) -> str | None:
+    """Why this kernel does not take a call (None: it does): layouts of at most
+    :data:`MAX_SEGMENTS` segments of consecutive keys, square (a cache's), no residual or grid;
+    up to :data:`MAX_TOKENS` tokens and :data:`MAX_ROWS` (token, head) rows a KV head; head dims
+    that are powers of two from 16 to 256; no segment ids (the CUDA decode kernel cuts each
+    token's walk to its document)."""
+    b, sq, h, d = q_shape
+    if layout.grid is not None or layout.residual is not None:
+        return "the triton decode kernel walks segments only (no grid layout, no block residual)"
+    if not 1 <= len(layout.segments) <= MAX_SEGMENTS:
+        return f"the triton decode kernel walks 1-{MAX_SEGMENTS} segments, not {len(layout.segments)}"
+    if layout.q_len != layout.kv_len:
+        return f"the triton decode kernel takes a cache's square layout, not {layout.q_len} x {layout.kv_len}"
+    if not consecutive(layout):
+        return "the triton decode kernel walks runs of consecutive keys; this layout has strided segments"
+    if not 1 <= sq <= MAX_TOKENS or sq * (h // kv_heads) > MAX_ROWS:
+        return (f"the triton decode kernel takes 1-{MAX_TOKENS} tokens and {MAX_ROWS} (token, head) rows a "
+                f"KV head, not {sq} tokens of {h // kv_heads} heads")
+    if d < 16 or d > 256 or d & (d - 1):
+        return f"the triton decode kernel takes head dims that are powers of two in [16, 256], not {d}"
+    if dtype not in ("bfloat16", "float16", "float32"):
+        return f"the triton decode kernel takes bfloat16, float16 or float32, not {dtype}"
+    if ids:
+        return "the triton decode kernel takes no segment ids (the cuda one walks a token's document)"
+    return None
+
+
+def preferred(layout: ACSR, q_shape, kv_heads: int, dtype: str, ids: bool) -> bool:
+    """Whether decode should run here rather than on the CUDA decode kernel: wherever this kernel
+    takes the call (:func:`refusal`). Measured on H200 (bf16, Hq=32, Hk=8, D=128) at 1.11-1.32x
+    the CUDA decode kernel on every case both run: causal at three sizes, a window, sinks +
+    window, pages of 16, 4 and 16 query tokens (``benchmarks/NOTES.md``, session 28)."""
+    return refusal(layout, q_shape, kv_heads, dtype, ids) is None
+
+
+@functools.lru_cache(maxsize=32)
+def consecutive(layout: ACSR) -> bool:
+    """Whether every segment of every row is a run of consecutive keys (stride 1 where it holds
+    two keys or more)."""
+    return all(bool(np.all((s.stride == 1) | (s.count <= 1))) for s in layout.segments)
+
+
+@functools.lru_cache(maxsize=32)
+def segment_table(layout: ACSR) -> np.ndarray:
+    """int32 ``[L, NSEG, 2]``: each row's segments as (first key, count) (the kernel's ``SEG``)."""
+    return np.stack([np.stack([s.base, s.count], axis=-1) for s in layout.segments], axis=1).astype(np.int32)
+
+
+def block_n_for(d: int, itemsize: int, stages: int) -> int:
+    """Keys a tile: the most of 128, 64, 32 whose pipelined K and V tiles (``stages - 1`` of each)
+    fit in 160 KB of shared memory. On an H200 (bf16, D=128, 4 warps, 3 stages) 128 read 3-5% more
+    of HBM than 64, and 256 5-18% less (``benchmarks/NOTES.md``, session 27)."""
+    for bn in (128, 64, 32):
+        if max(1, stages - 1) * 2 * bn * d * itemsize <= 160 * 1024:
+            return bn
+    return 16
+
+
+def programs_per_sm(block_n: int, d: int, itemsize: int, stages: int, warps: int) -> int:
+    """Programs an SM holds: the pipelined tiles (``stages - 1`` of K and V) plus a few KB of
+    scratch in 227 KB of shared memory, and at most ``16 // warps`` by registers."""
+    smem = max(1, stages - 1) * 2 * block_n * d * itemsize + 8 * 1024
+    return max(1, min(227 * 1024 // smem, 16 // warps))
+
+
+def splits_for(programs: int, tiles: int, sm_count: int, occupancy: int, max_splits: int = 128,
+               min_tiles: int = 4) -> int:
+    """Splits of each walk so that ``programs * splits`` fill ``sm_count * occupancy`` slots with
+    little wave quantization: of the counts that keep ``min_tiles`` tiles a split, the smallest
+    within 5% of the best wave efficiency (``waves / ceil(waves)``); fewer, longer programs pay the
+    pipeline's fill less often."""
+    cap = max(1, min(max_splits, tiles // min_tiles))
+    slots = max(1, sm_count * occupancy)
+    effs = [(programs * s / slots) / math.ceil(programs * s / slots) for s in range(1, cap + 1)]
+    best = max(effs)
+    return next(s for s, e in enumerate(effs, 1) if e >= 0.95 * best)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """One decode call's launch: grid ``(splits, B * HK)``, the constexprs and the outputs."""
+
+    grid: tuple[int, int]
+    splits: int
+    constexprs: tuple[tuple[str, object], ...]
+    out: tuple[tuple[tuple[int, ...], str], ...]
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def plan(q_shape, kv_heads: int, dtype: str, layout: ACSR, scale: float, soft_cap, sm_count: int, *,
+         page_size: int = 0, max_pages: int = 0, n_pages: int = 0, splits: int | None = None) -> Plan:
+    """The launch of a call :func:`refusal` takes (``page_size`` 0: a contiguous cache)."""
+    b, sq, h, d = q_shape
+    itemsize = 4 if dtype == "float32" else 2
+    stages, warps = 3, 4
+    block_n = block_n_for(d, itemsize, stages)
+    nseg = len(layout.segments)
+    if splits is None:
+        tiles = -(-int(layout.row_counts().max(initial=0)) // block_n) + nseg
+        occupancy = programs_per_sm(block_n, d, itemsize, stages, warps)
+        splits = splits_for(b * kv_heads, tiles, sm_count, occupancy)
+    cx = (("SCALE_LOG2", float(scale) * LOG2E), ("CAP", float(soft_cap or 0.0)), ("SQ", sq), ("H", h),
+          ("HK", kv_heads), ("D", d), ("NSEG", nseg), ("L", layout.kv_len), ("PAGE", page_size),
+          ("MAX_PAGES", max_pages), ("N_PAGES", n_pages), ("NUM_SPLITS", splits),
+          ("BLOCK_M", max(16, 1 << max(0, sq * (h // kv_heads) - 1).bit_length())), ("BLOCK_N", block_n),
+          ("PRECISION", "ieee" if dtype == "float32" else "tf32"))
+    if splits == 1:
+        out = (((b, sq, h, d), dtype), ((b, h, sq), "float32"))
+    else:
+        out = (((b, sq, h, splits, d), "float32"), ((b, sq, h, splits), "float32"))
+    return Plan((splits, b * kv_heads), splits, cx, out, warps, stages)
+
+
+def call(p: Plan, interpret: bool = False) -> Call:
+    """The launch of ``p`` for :func:`jax_bindings._triton.backend.run_call` (JAX) or
+    :func:`jax_bindings._triton.launch.run_numpy` (the interpreter). Operands, in order: ``q, k,
+    v, q_pos, q_len, kv_len, seg`` (:func:`segment_table`) ``, table`` (``[1]`` when contiguous)."""
+    return Call(kernel(interpret), p.grid, (), p.out, dict(p.constexprs), p.num_warps, p.num_stages, p)

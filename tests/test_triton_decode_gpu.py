@@ -1,0 +1,107 @@
+"""The Triton decode kernel through JAX on a real GPU: ``pytest -m gpu``.
+
+Every ``decode_cases`` case it takes (causal, windows, sinks + window; head dims 64-256; 1-16
+tokens; GQA 1-32; contiguous and paged caches with NaN pages nobody maps; one split and several),
+bfloat16 and float16, against the float64 reference at the tokens' positions; reruns bit-identical;
+a soft cap; and the public ``splat.attention_with_kvcache`` on ``backend="triton"``.
+"""
+
+from __future__ import annotations
+
+import decode_cases as dc
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from reference import FLOORS
+
+import splat
+from jax_bindings import _registry
+from jax_bindings._runtime import RuntimeMask
+from splat import masks
+
+pytestmark = pytest.mark.gpu
+
+if _registry.unavailable("triton") is not None:
+    pytest.skip(
+        f"the triton backend cannot run here: {_registry.unavailable('triton')}", allow_module_level=True
+    )
+
+from jax_bindings._triton import backend as tb  # noqa: E402
+
+TAKEN = [c for c in dc.CASES if c[0] in ("causal", "window", "sinks+window") and c[1] in (64, 128, 256)]
+
+
+def _runtime(x: dc.Inputs) -> RuntimeMask:
+    return RuntimeMask(
+        jnp.asarray(x.q_len),
+        jnp.asarray(x.kv_len),
+        jnp.ones(x.q.shape[0], jnp.int32),
+        q_pos=jnp.asarray(x.q_pos),
+    )
+
+
+def _check(out, lse, ref_out, ref_lse, dtype):
+    out = np.asarray(jnp.asarray(out, jnp.float32), np.float64)
+    assert np.isfinite(out).all()
+    assert np.abs(out - ref_out).max() <= 4 * FLOORS[np.dtype(dtype)] * np.abs(ref_out).max()
+    empty = ~np.isfinite(ref_lse)
+    assert (out.transpose(0, 2, 1, 3)[empty] == 0).all()
+    lse = np.asarray(lse, np.float64)
+    assert (np.isneginf(lse) == empty).all()
+    assert np.abs(lse[~empty] - ref_lse[~empty]).max() <= 2e-2
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("case", TAKEN, ids=["-".join(map(str, c)) for c in TAKEN])
+def test_decode_matches_the_float64_reference(case, dtype, rng):
+    name, d, t, h, hk, page, _ = case
+    x = dc.inputs(rng, 3, t, h, hk, d, dc.MASKS[name])
+    layout = splat.analyze(dc.MASKS[name], dc.L, dc.L)
+    q, k, v = (jnp.asarray(a, dtype) for a in (x.q, x.k, x.v))
+    rt, scale = _runtime(x), d**-0.5
+    if page:
+        kp, vp, table = dc.paged(rng, np.asarray(k, np.float32), np.asarray(v, np.float32), page)
+        args = (q, jnp.asarray(kp, dtype), jnp.asarray(vp, dtype), rt, jnp.asarray(table))
+    else:
+        args = (q, k, v, rt, None)
+    fn = jax.jit(lambda q, k, v, rt, table: tb.decode_forward(q, k, v, rt, layout, scale, None, table))
+    out, lse = fn(*args)
+    ref_out, ref_lse = dc.reference(
+        np.asarray(q, np.float32), np.asarray(k, np.float32), np.asarray(v, np.float32), x.visible, scale
+    )
+    assert out.dtype == q.dtype and out.shape == q.shape and lse.shape == (3, h, t)
+    _check(out, lse, ref_out, ref_lse, dtype)
+    again = fn(*args)
+    assert (np.asarray(again[0]) == np.asarray(out)).all() and (np.asarray(again[1]) == np.asarray(lse)).all()
+
+
+def test_soft_cap(rng):
+    x = dc.inputs(rng, 4, 2, 8, 2, 128, masks.causal())
+    layout = splat.analyze(masks.causal(), dc.L, dc.L)
+    q, k, v = (jnp.asarray(a, jnp.bfloat16) for a in (x.q, x.k, x.v))
+    out, lse = jax.jit(lambda q, k, v, rt: tb.decode_forward(q, k, v, rt, layout, 128**-0.5, 30.0))(
+        q, k, v, _runtime(x)
+    )
+    ref = dc.reference(*(np.asarray(a, np.float32) for a in (q, k, v)), x.visible, 128**-0.5, soft_cap=30.0)
+    _check(out, lse, *ref, jnp.bfloat16)
+
+
+@pytest.mark.parametrize("page", [0, 16])
+def test_public_decode_runs_the_triton_kernel(page, rng):
+    b, h, hk, d = 2, 8, 2, 128
+    q = jnp.asarray(rng.standard_normal((b, 1, h, d)), jnp.bfloat16)
+    k, v = (jnp.asarray(rng.standard_normal((b, dc.L, hk, d)), jnp.bfloat16) for _ in range(2))
+    lens = jnp.array([dc.L, 401], jnp.int32)
+    m = masks.sliding_window(255, 0)
+    want = splat.attention_with_kvcache(q, k, v, m, cache_seqlens=lens, backend="jax")
+    if page:
+        kp, vp, table = dc.paged(rng, np.asarray(k, np.float32), np.asarray(v, np.float32), page)
+        pools = (jnp.asarray(kp, jnp.bfloat16), jnp.asarray(vp, jnp.bfloat16))
+        got = splat.attention_with_kvcache(
+            q, *pools, m, cache_seqlens=lens, page_table=jnp.asarray(table), backend="triton"
+        )
+    else:
+        got = splat.attention_with_kvcache(q, k, v, m, cache_seqlens=lens, backend="triton")
+    err = np.abs(np.asarray(got, np.float32) - np.asarray(want, np.float32)).max()
+    assert err <= 4 * FLOORS[np.dtype(jnp.bfloat16)] * np.abs(np.asarray(want, np.float32)).max()
