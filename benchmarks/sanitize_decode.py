@@ -7,7 +7,7 @@ document; and any) with a soft cap, in bfloat16 and
 float16; each compiled as the backend compiles it (``jax_bindings._cuda.decode``) and launched with
 CuPy (JAX stays on the CPU, so no XLA kernel runs under the sanitizer). The plan, the documents'
 key ranges and the merge of the splits are the backend's own (``decode.plan``,
-``decode.document_keys``, ``_split_merge.merge_splits``, run by JAX on the CPU), and every output is
+``_id_runs.document_keys``, ``_split_merge.merge_splits``, run by JAX on the CPU), and every output is
 checked against the float64
 reference; rows that see no key must give 0 and ``-inf``.
 
@@ -31,7 +31,7 @@ sys.path.insert(0, "tests")
 import decode_cases as dc  # noqa: E402
 
 import splat  # noqa: E402
-from jax_bindings import _runtime  # noqa: E402
+from jax_bindings import _id_runs, _runtime  # noqa: E402
 from jax_bindings._cuda import decode  # noqa: E402
 from jax_bindings._split_merge import merge_splits  # noqa: E402
 from splat import masks  # noqa: E402
@@ -72,7 +72,7 @@ def launch(x: dc.Inputs, layout, dtype: str, page: int, splits: int | None, soft
     id_keys = placeholder
     if ids:  # as the backend builds them, with JAX on the CPU
         rt = _runtime.build(b, t, dc.L, segment_ids=x.q_ids, kv_segment_ids=x.kv_ids)
-        id_keys = np.asarray(decode.document_keys(rt, dc.L))
+        id_keys = np.asarray(_id_runs.document_keys(rt, dc.L))
     args = [
         cp.asarray(a)
         for a in (

@@ -162,8 +162,8 @@ def tuned_configs() -> int:
 
 
 def decode_kernels() -> int:
-    """The decode kernel on every ``decode_cases`` case it takes, bf16, splits as planned and one;
-    returns launches."""
+    """The decode kernel on every ``decode_cases`` case it takes, bf16, splits as planned and one,
+    then with segment ids (sorted and any, contiguous and paged); returns launches."""
     import sys
 
     import ml_dtypes
@@ -174,27 +174,39 @@ def decode_kernels() -> int:
     import splat
     from jax_bindings._triton import decode
 
-    launched = 0
     rng = np.random.default_rng(0)
-    for name, d, t, h, hk, page, splits in dc.CASES:
+    cases = [(name, d, t, h, hk, page, splits, None) for name, d, t, h, hk, page, splits in dc.CASES]
+    cases += [("sinks+window", 128, 2, 8, 2, page, 4, ids)
+              for ids in ("documents", "any") for page in (0, 16)]
+    launched = 0
+    for name, d, t, h, hk, page, splits, ids in cases:
         layout = splat.analyze(dc.MASKS[name], dc.L, dc.L)
-        if decode.refusal(layout, (3, t, h, d), hk, "bfloat16", False) is not None:
+        if decode.refusal(layout, (3, t, h, d), hk, "bfloat16") is not None:
             continue
-        x = dc.inputs(rng, 3, t, h, hk, d, dc.MASKS[name])
+        x = dc.inputs(rng, 3, t, h, hk, d, dc.MASKS[name], ids=ids)
         q, k, v = (a.astype(ml_dtypes.bfloat16) for a in (x.q, x.k, x.v))
         ref_out, _ = dc.reference(*(a.astype(np.float32) for a in (q, k, v)), x.visible, d**-0.5)
-        table = np.zeros(1, np.int32)
+        none = np.zeros(1, np.int32)
+        table, id_args = none, (none, none, none)
         if page:
             kp, vp, table = dc.paged(rng, k.astype(np.float32), v.astype(np.float32), page)
             k, v = kp.astype(ml_dtypes.bfloat16), vp.astype(ml_dtypes.bfloat16)
+        if ids is not None:  # the document bounds as jax_bindings._id_runs.document_keys gives them
+            sorted_rows = (np.diff(x.q_ids, axis=1) >= 0).all(1) & (np.diff(x.kv_ids, axis=1) >= 0).all(1)
+            doc = np.zeros((*x.q_ids.shape, 2), np.int32)
+            for b in range(x.q_ids.shape[0]):
+                doc[b] = (np.stack([np.searchsorted(x.kv_ids[b], x.q_ids[b], "left"),
+                                    np.searchsorted(x.kv_ids[b], x.q_ids[b], "right")], -1)
+                          if sorted_rows[b] else [0, dc.L])
+            id_args = (x.q_ids, x.kv_ids, doc)
         for n in {splits, 1}:
             p = decode.plan(q.shape, hk, "bfloat16", layout, d**-0.5, None, 132, page_size=page,
                             max_pages=table.shape[1] if page else 0, n_pages=k.shape[0] if page else 0,
-                            splits=n)
+                            ids=ids is not None, splits=n)
             data = [torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16).cuda()
                     for a in (q, k, v)]
-            data += [torch.from_numpy(np.ascontiguousarray(a)).cuda()
-                     for a in (x.q_pos, x.q_len, x.kv_len, decode.segment_table(layout), table)]
+            ints = (x.q_pos, x.q_len, x.kv_len, decode.segment_table(layout), table, *id_args)
+            data += [torch.from_numpy(np.ascontiguousarray(a)).cuda() for a in ints]
             out, lse = run_torch(decode.call(p), *data)
             torch.cuda.synchronize()
             launched += 1
@@ -206,9 +218,9 @@ def decode_kernels() -> int:
                 out = np.where(den > 0, (out * w[..., None]).sum(-2) / np.maximum(den, 1e-30), 0)
             assert np.isfinite(out).all(), f"decode {name} {d} {t}: non-finite out"
             err = np.abs(out - ref_out).max()
-            what = f"decode {name} d={d} t={t} page={page} splits={p.splits}"
+            what = f"decode {name} d={d} t={t} page={page} splits={p.splits} ids={ids}"
             assert err < 3e-2, f"{what}: out differs by {err:.3g}"
-            print(f"decode {name:13s} d={d:3d} t={t:2d} page={page:2d} splits={p.splits:3d} ok ({err:.1e})")
+            print(f"{what} ok ({err:.1e})")
     return launched
 
 

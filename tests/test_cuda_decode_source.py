@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import splat
+from jax_bindings import _id_runs
 from jax_bindings._cuda import decode, parts
 from jax_bindings._split_merge import merge_splits
 from splat import masks
@@ -182,5 +183,5 @@ def test_document_keys_cut_sorted_rows_to_the_querys_document():
         jnp.asarray(kv_ids),
         jnp.zeros((2, 2), jnp.int32),
     )
-    keys = np.asarray(decode.document_keys(rt, 16))
+    keys = np.asarray(_id_runs.document_keys(rt, 16))
     assert keys.tolist() == [[[5, 12], [12, 16]], [[0, 16], [0, 16]]]  # unsorted row: every key, ids tested

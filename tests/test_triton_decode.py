@@ -11,18 +11,14 @@ it refuses, by name.
 
 from __future__ import annotations
 
-import json
-import os
-import pathlib
-import subprocess
-import sys
-
 import decode_cases as dc
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import splat
+from jax_bindings import _id_runs
+from jax_bindings._runtime import RuntimeMask
 from jax_bindings._split_merge import merge_splits
 from splat import masks
 
@@ -34,38 +30,25 @@ TAKEN = [c for c in dc.CASES if c[0] in ("causal", "window", "sinks+window") and
 
 def _run(x: dc.Inputs, layout, scale, dtype, *, page=0, splits=None, soft_cap=None, rng=None):
     q, k, v = (a.astype(dtype) for a in (x.q, x.k, x.v))
-    b, t, h, d = q.shape
     hk = k.shape[2]
-    table = np.zeros(1, np.int32)
+    table = none = np.zeros(1, np.int32)
     if page:
         k, v, table = dc.paged(rng, k, v, page)
         k, v = k.astype(dtype), v.astype(dtype)
+    ids = x.q_ids is not None
+    id_args = (none, none, none)
+    if ids:
+        exact = (np.diff(x.q_ids, axis=1) >= 0).all(1) & (np.diff(x.kv_ids, axis=1) >= 0).all(1)
+        rt = RuntimeMask(jnp.asarray(x.q_len), jnp.asarray(x.kv_len), jnp.asarray(exact.astype(np.int32)),
+                         jnp.asarray(x.q_ids), jnp.asarray(x.kv_ids), jnp.asarray(x.q_pos))
+        id_args = (x.q_ids, x.kv_ids, np.asarray(_id_runs.document_keys(rt, dc.L)))
     name = np.dtype(dtype).name
-    assert decode.refusal(layout, q.shape, hk, name, False) is None
-    p = decode.plan(
-        q.shape,
-        hk,
-        name,
-        layout,
-        scale,
-        soft_cap,
-        132,
-        page_size=page,
-        max_pages=table.shape[1] if page else 0,
-        n_pages=k.shape[0] if page else 0,
-        splits=splits,
-    )
-    out, lse = run_numpy(
-        decode.call(p, interpret=True),
-        q,
-        k,
-        v,
-        x.q_pos,
-        x.q_len,
-        x.kv_len,
-        decode.segment_table(layout),
-        table,
-    )
+    assert decode.refusal(layout, q.shape, hk, name) is None
+    p = decode.plan(q.shape, hk, name, layout, scale, soft_cap, 132, page_size=page,
+                    max_pages=table.shape[1] if page else 0, n_pages=k.shape[0] if page else 0, ids=ids,
+                    splits=splits)
+    out, lse = run_numpy(decode.call(p, interpret=True), q, k, v, x.q_pos, x.q_len, x.kv_len,
+                         decode.segment_table(layout), table, *id_args)
     if p.splits > 1:
         out, lse = (np.asarray(a) for a in merge_splits(jnp.asarray(out), jnp.asarray(lse), jnp.float32))
     return np.asarray(out, np.float64), np.asarray(lse, np.float64), (q, k, v)
@@ -124,65 +107,29 @@ def test_segment_table_holds_each_rows_runs():
         assert keys == set(np.flatnonzero(dense[r]))
 
 
+@pytest.mark.parametrize("page", [0, 16])
+@pytest.mark.parametrize("ids", ["documents", "any"])
+@pytest.mark.parametrize("splits", [1, 4])
+def test_segment_ids(splits, ids, page, rng):
+    """Sorted ids (packed documents: each token walks its document's keys) and any ids (every key,
+    compared one by one); with a window that a document can cut."""
+    mask = masks.sink(4) | masks.sliding_window(299, 0)
+    x = dc.inputs(rng, 3, 2, 8, 2, 64, mask, ids=ids)
+    layout = splat.analyze(mask, dc.L, dc.L)
+    out, lse, _ = _run(x, layout, 0.125, np.float32, page=page, splits=splits, rng=rng)
+    _check(out, lse, *dc.reference(x.q, x.k, x.v, x.visible, 0.125), np.float32)
+
+
 @pytest.mark.parametrize(
-    ("mask", "shape", "ids", "match"),
+    ("mask", "shape", "match"),
     [
-        (masks.dilated_window(96, 2) & masks.causal(), (1, 1, 8, 128), False, "strided"),
-        (masks.causal() & masks.strided(8), (1, 1, 8, 128), False, "strided"),
-        (masks.causal(), (1, 1, 8, 96), False, "head dims"),
-        (masks.causal(), (1, 17, 8, 128), False, "tokens"),
-        (masks.causal(), (1, 1, 8, 128), True, "segment ids"),
+        (masks.dilated_window(96, 2) & masks.causal(), (1, 1, 8, 128), "strided"),
+        (masks.causal() & masks.strided(8), (1, 1, 8, 128), "strided"),
+        (masks.causal(), (1, 1, 8, 96), "head dims"),
+        (masks.causal(), (1, 17, 8, 128), "tokens"),
     ],
-    ids=["dilated", "strided", "head_dim_96", "17_tokens", "ids"],
+    ids=["dilated", "strided", "head_dim_96", "17_tokens"],
 )
-def test_what_it_refuses_is_named(mask, shape, ids, match):
+def test_what_it_refuses_is_named(mask, shape, match):
     layout = splat.analyze(mask, 256, 256)
-    assert match in decode.refusal(layout, shape, 2, "bfloat16", ids)
-
-
-# The constexpr space's corners: (q shape, kv heads, dtype, mask expression, page size, splits, soft cap)
-COMPILED = [
-    ((3, 1, 32, 128), 8, "bfloat16", "sink(4) | sliding_window(255, 0)", 0, 4, None),
-    ((2, 4, 8, 64), 2, "float16", "causal()", 16, 1, 30.0),
-    ((2, 16, 8, 256), 8, "bfloat16", "causal()", 64, 3, None),
-]
-
-_COMPILE = """
-import json, sys
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource, compile
-import splat
-from jax_bindings._triton import decode
-for shape, hk, dt, mask, page, splits, cap in json.loads(sys.argv[1]):
-    layout = splat.analyze(splat.masks.parse(mask), 1000, 1000)
-    p = decode.plan(tuple(shape), hk, dt, layout, 0.1, cap, 132, page_size=page, max_pages=63 if page else 0,
-                    n_pages=200 if page else 0, splits=splits)
-    elem = {"bfloat16": "*bf16", "float16": "*fp16"}[dt]
-    names = ["Q", "K", "V", "QPOS", "QLEN", "KVLEN", "SEG", "TABLE", "OUT", "LSE"]
-    types = [elem] * 3 + ["*i32"] * 5 + [elem if splits == 1 else "*fp32", "*fp32"]
-    cx = dict(p.constexprs)
-    sig = {**dict(zip(names, types)), **dict.fromkeys(cx, "constexpr")}
-    options = {"num_warps": p.num_warps, "num_stages": p.num_stages}
-    done = compile(ASTSource(fn=decode.kernel(False), signature=sig, constexprs=cx),
-                   target=GPUTarget("cuda", 90, 32), options=options)
-    assert done.asm["cubin"][:4] == b"\\x7fELF", (shape, mask)
-print("compiled", len(json.loads(sys.argv[1])))
-"""
-
-
-def test_the_kernel_compiles_for_sm90():
-    """Triton's compiler to a cubin for sm_90 on the CPU, for the corners of the constexpr space:
-    what the interpreter lets through (module globals that are not constexprs, say) but a GPU
-    compile rejects shows here. In a fresh process: the interpreter the rest of the suite runs
-    leaves Triton's language patched."""
-    pytest.importorskip("triton.compiler")
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    done = subprocess.run(
-        [sys.executable, "-c", _COMPILE, json.dumps(COMPILED)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=pathlib.Path(__file__).resolve().parents[1],
-        timeout=300,
-    )
-    assert done.returncode == 0 and "compiled 3" in done.stdout, done.stderr[-3000:]
+    assert match in decode.refusal(layout, shape, 2, "bfloat16")

@@ -33,12 +33,12 @@ TAKEN = [c for c in dc.CASES if c[0] in ("causal", "window", "sinks+window") and
 
 
 def _runtime(x: dc.Inputs) -> RuntimeMask:
-    return RuntimeMask(
-        jnp.asarray(x.q_len),
-        jnp.asarray(x.kv_len),
-        jnp.ones(x.q.shape[0], jnp.int32),
-        q_pos=jnp.asarray(x.q_pos),
-    )
+    if x.q_ids is None:
+        return RuntimeMask(jnp.asarray(x.q_len), jnp.asarray(x.kv_len), jnp.ones(x.q.shape[0], jnp.int32),
+                           q_pos=jnp.asarray(x.q_pos))
+    exact = (np.diff(x.q_ids, axis=1) >= 0).all(1) & (np.diff(x.kv_ids, axis=1) >= 0).all(1)
+    return RuntimeMask(jnp.asarray(x.q_len), jnp.asarray(x.kv_len), jnp.asarray(exact.astype(np.int32)),
+                       jnp.asarray(x.q_ids), jnp.asarray(x.kv_ids), jnp.asarray(x.q_pos))
 
 
 def _check(out, lse, ref_out, ref_lse, dtype):
@@ -74,6 +74,23 @@ def test_decode_matches_the_float64_reference(case, dtype, rng):
     _check(out, lse, ref_out, ref_lse, dtype)
     again = fn(*args)
     assert (np.asarray(again[0]) == np.asarray(out)).all() and (np.asarray(again[1]) == np.asarray(lse)).all()
+
+
+@pytest.mark.parametrize("ids", ["documents", "any"])
+@pytest.mark.parametrize("page", [0, 16])
+def test_segment_ids(ids, page, rng):
+    mask = masks.sink(4) | masks.sliding_window(299, 0)
+    x = dc.inputs(rng, 4, 2, 8, 2, 128, mask, ids=ids)
+    layout = splat.analyze(mask, dc.L, dc.L)
+    q, k, v = (jnp.asarray(a, jnp.bfloat16) for a in (x.q, x.k, x.v))
+    ref = dc.reference(*(np.asarray(a, np.float32) for a in (q, k, v)), x.visible, 128**-0.5)
+    table = None
+    if page:
+        kp, vp, t = dc.paged(rng, np.asarray(k, np.float32), np.asarray(v, np.float32), page)
+        k, v, table = jnp.asarray(kp, jnp.bfloat16), jnp.asarray(vp, jnp.bfloat16), jnp.asarray(t)
+    fn = jax.jit(lambda q, k, v, rt, table: tb.decode_forward(q, k, v, rt, layout, 128**-0.5, None, table))
+    out, lse = fn(q, k, v, _runtime(x), table)
+    _check(out, lse, *ref, jnp.bfloat16)
 
 
 def test_soft_cap(rng):

@@ -165,13 +165,12 @@ def _triton_backend():
 def decode_route(q, k, v, runtime, layout: ACSR, scale: float, soft_cap, page_table=None):
     """``(out, lse)`` of decode on the kernel measured faster for the call: the Triton decode kernel
     wherever it takes it (runs of consecutive keys: causal, windows, sinks + window; contiguous or
-    paged; up to 16 tokens; 1.11-1.32x this backend's decode kernel on H200,
+    paged; segment ids; up to 16 tokens; 1.11-1.52x this backend's decode kernel on H200,
     :func:`jax_bindings._triton.decode.preferred`), else the CUDA decode kernel (strided segments,
-    segment ids, up to 32 tokens, head dims that are no power of two)."""
+    up to 32 tokens, head dims that are no power of two)."""
     triton = _triton_backend()
     dtype = jnp.dtype(q.dtype).name
-    ids = runtime.q_ids is not None
-    if triton is not None and triton.decode.preferred(layout, q.shape, k.shape[2], dtype, ids):
+    if triton is not None and triton.decode.preferred(layout, q.shape, k.shape[2], dtype):
         return triton.decode_forward(q, k, v, runtime, layout, scale, soft_cap, page_table)
     return decode.forward(q, k, v, runtime, layout, scale, soft_cap, _sm_count(), page_table=page_table)
 

@@ -26,7 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from acsr import ACSR
-from jax_bindings._cuda import compiler, launch, parts, runtime_tables
+from jax_bindings import _id_runs as id_runs
+from jax_bindings._cuda import compiler, launch, parts
 from jax_bindings._split_merge import merge_splits
 
 MAX_TOKENS = 32  # query tokens of a batch row: one lane of warp 0 plans each
@@ -201,16 +202,6 @@ def choose_splits(ctas: int, tiles: int, sms: int, per_sm: int = 2) -> int:
     return best
 
 
-def document_keys(runtime, length: int) -> jax.Array:
-    """int32 ``[B, T, 2]``: the keys ``[lo, hi)`` each query's segment id may see: where a batch
-    row's ids are sorted (``runtime.exact``, packed documents) its document's run of keys, counted
-    as the keys whose id is below, and at most, the query's (``runtime_tables``' two-level count);
-    elsewhere ``[0, length)``, the ids then tested key by key."""
-    runs = runtime_tables._runs(runtime.kv_ids.astype(jnp.int32), runtime.q_ids.astype(jnp.int32))
-    sorted_rows = runtime.exact.astype(bool)[:, None, None]
-    return jnp.where(sorted_rows, runs, jnp.array([0, length], jnp.int32)).astype(jnp.int32)
-
-
 def launch_grid(splits: int, heads: int, row_blocks: int) -> tuple[int, int, int]:
     """CTAs: x the split, y the (batch, KV head), z the row block (the kernel's blockIdx reading)."""
     return splits, heads, row_blocks
@@ -293,7 +284,7 @@ def forward(
     table = page_table.astype(jnp.int32) if paged else _placeholder()
     q_ids = runtime.q_ids.astype(jnp.int32) if ids else _placeholder()
     kv_ids = runtime.kv_ids.astype(jnp.int32) if ids else _placeholder()
-    id_keys = document_keys(runtime, L) if ids else _placeholder()
+    id_keys = id_runs.document_keys(runtime, L) if ids else _placeholder()
     dt = jnp.dtype(q.dtype).name
     if splits > 1:
         outs = (((b, sq, h, splits, d), "float32"), ((b, sq, h, splits), "float32"))

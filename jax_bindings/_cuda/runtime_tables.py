@@ -27,9 +27,10 @@ rt_leads       ``[B, nq, 2]``  backward: per query block of ``bwd_source.BM`` ro
 =============  ==============  ===============================================================
 
 Where ``exact[b]`` is set (both id arrays non-decreasing: packed documents) the runs come from
-counting the other side's ids below each block's first and last id (:func:`_runs`), so the kernels
-skip the tiles outside a block's documents. Elsewhere a block may see anything (``[0, S)``, no
-tile id-free): any ids are exact, sorted ones fast. The kernels apply the lengths themselves.
+counting the other side's ids below each block's first and last id
+(:func:`jax_bindings._id_runs.runs`), so the kernels skip the tiles outside a block's documents.
+Elsewhere a block may see anything (``[0, S)``, no tile id-free): any ids are exact, sorted ones
+fast. The kernels apply the lengths themselves.
 
 The backward adds dQ in a fixed order, each query block's key blocks one after another from
 the last or from the first (its key order, :mod:`jax_bindings._cuda.bwd_source`), which needs
@@ -44,6 +45,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jax_bindings import _id_runs as id_runs
 from jax_bindings._cuda import bwd_source, source
 from jax_bindings._runtime import RuntimeMask
 
@@ -66,29 +68,6 @@ def kind(runtime: RuntimeMask | None, *, positions: bool = False) -> str:
     return "ids" if runtime.q_ids is not None else "lengths"
 
 
-_CHUNK = 128  # _runs' first level: one id in this many
-
-
-def _runs(sorted_ids: jax.Array, x: jax.Array) -> jax.Array:
-    """``[B, S], [B, n] -> [B, n, 2]``: how many of each row's ids are < x and <= x (the run of
-    positions holding x).
-
-    In two levels, each one comparison and one sum (no loop; a few fused kernels, both counts
-    at once): the chunks of :data:`_CHUNK` ids whose first id counts, then the ids of the last
-    such chunk. Rows that are not sorted give unspecified counts (the callers discard them)."""
-    b, s = sorted_ids.shape
-    v = x[:, :, None, None]
-    # [B, n, 2]: the chunk heads < x, and <= x
-    heads = jnp.stack([sorted_ids[:, None, ::_CHUNK] < x[:, :, None],
-                       sorted_ids[:, None, ::_CHUNK] <= x[:, :, None]], axis=2).sum(-1, dtype=_I32)
-    start = jnp.maximum(heads - 1, 0) * _CHUNK
-    idx = start[..., None] + jnp.arange(_CHUNK, dtype=_I32)  # [B, n, 2, CHUNK]
-    chunk = jnp.take_along_axis(sorted_ids, jnp.minimum(idx, s - 1).reshape(b, -1), axis=1).reshape(idx.shape)
-    below = jnp.stack([chunk[:, :, 0] < v[:, :, 0], chunk[:, :, 1] <= v[:, :, 0]], axis=2)
-    inside = (below & (idx < s)).sum(-1, dtype=_I32)
-    return jnp.where(heads > 0, start + inside, 0)
-
-
 def _ranges(exact, own_ids, other_ids, block: int) -> jax.Array:
     """``[B, n, 4]``: per block of ``block`` of ``own_ids``, the run of ``other_ids`` positions
     whose id any element of the block has, and the run every element has (sorted rows); ``[0,
@@ -98,7 +77,7 @@ def _ranges(exact, own_ids, other_ids, block: int) -> jax.Array:
     first = jnp.arange(0, s, block)
     last = jnp.minimum(first + block - 1, s - 1)
     n = first.size
-    ends = _runs(other_ids, jnp.concatenate([own_ids[:, first], own_ids[:, last]], axis=1))
+    ends = id_runs.runs(other_ids, jnp.concatenate([own_ids[:, first], own_ids[:, last]], axis=1))
     a, z = ends[:, :n], ends[:, n:]  # the runs of each block's first and last id
     runs = jnp.stack([a[..., 0], z[..., 1], z[..., 0], a[..., 1]], axis=-1)
     anything = jnp.broadcast_to(jnp.array([0, s_other, 0, 0], _I32), runs.shape)
@@ -156,9 +135,9 @@ def lead_key_blocks(ranges: jax.Array, sq: int) -> jax.Array:
     nkv = end.shape[1]
     nq = bwd_source.num_q_blocks(sq)
     blocks = jnp.broadcast_to(jnp.arange(nq, dtype=_I32), (end.shape[0], nq))
-    first = _runs(end, blocks)[..., 0]
+    first = id_runs.runs(end, blocks)[..., 0]
     starts = jnp.take_along_axis(start, jnp.minimum(first, nkv - 1), axis=1) <= blocks
-    last = _runs(start, blocks)[..., 1] - 1
+    last = id_runs.runs(start, blocks)[..., 1] - 1
     reaches = jnp.take_along_axis(end, jnp.maximum(last, 0), axis=1) >= blocks
     return jnp.stack([jnp.where((first < nkv) & starts, first, -1),
                       jnp.where((last >= 0) & reaches, last, -1)], axis=-1).astype(_I32)

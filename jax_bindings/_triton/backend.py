@@ -43,7 +43,7 @@ import numpy as np
 from jax.interpreters import mlir
 
 from acsr import ACSR
-from jax_bindings import _kernel_proto, _pure
+from jax_bindings import _id_runs, _kernel_proto, _pure
 from jax_bindings._split_merge import merge_splits
 from jax_bindings._triton import cache as _cache
 from jax_bindings._triton import decode, first_call, ops
@@ -288,21 +288,25 @@ def decode_forward(q, k, v, runtime, layout: ACSR, scale: float, soft_cap=None, 
     page_size, Hk, D]`` with ``page_table [B, max_pages]``; NotImplementedError for what it does not
     take (:func:`decode.refusal`)."""
     dt = _dtype(q)
-    why = decode.refusal(layout, q.shape, k.shape[2], dt, runtime.q_ids is not None)
+    why = decode.refusal(layout, q.shape, k.shape[2], dt)
     if why is not None:
         raise NotImplementedError(why)
     paged = page_table is not None
     keys = page_table.shape[1] * k.shape[1] if paged else k.shape[1]
     if keys < layout.kv_len or (not paged and keys != layout.kv_len):
         raise ValueError(f"the layout's {layout.kv_len} rows do not match the cache's {keys} keys")
+    ids = runtime.q_ids is not None
     p = decode.plan(q.shape, k.shape[2], dt, layout, scale, soft_cap, _sm_count(),
                     page_size=k.shape[1] if paged else 0, max_pages=page_table.shape[1] if paged else 0,
-                    n_pages=k.shape[0] if paged else 0)
+                    n_pages=k.shape[0] if paged else 0, ids=ids)
     i32 = jnp.int32
-    table = page_table.astype(i32) if paged else jnp.zeros((1,), i32)
+    none = jnp.zeros((1,), i32)
+    table = page_table.astype(i32) if paged else none
+    id_args = (runtime.q_ids.astype(i32), runtime.kv_ids.astype(i32),
+               _id_runs.document_keys(runtime, layout.kv_len)) if ids else (none, none, none)
     out, lse = run_call(decode.call(p), q, k.astype(q.dtype), v.astype(q.dtype), runtime.q_pos.astype(i32),
                         runtime.q_len.astype(i32), runtime.kv_len.astype(i32),
-                        jnp.asarray(decode.segment_table(layout)), table)
+                        jnp.asarray(decode.segment_table(layout)), table, *id_args)
     return merge_splits(out, lse, q.dtype) if p.splits > 1 else (out, lse)
 
 

@@ -1,10 +1,10 @@
 """Decode on Triton: a few query tokens a batch row, at run-time positions, against a KV cache.
 
-The decode route the numbers favour on Hopper for layouts whose rows are runs of consecutive keys
-(causal, windows, sinks + window, dense): ``benchmarks/NOTES.md`` (sessions 27-28) measured this
-loop at 85-91% of HBM where the CUDA decode kernel (:mod:`jax_bindings._cuda.decode`) reached
-74-84%. The CUDA kernel keeps what this one refuses: strided segments (dilated, strided masks),
-segment ids (it narrows each token's walk to its document) and more tokens a row.
+The decode route the numbers favour for layouts whose rows are runs of consecutive keys (causal,
+windows, sinks + window, dense), with or without segment ids: ``benchmarks/NOTES.md`` (sessions
+27-28) measured this loop at 1.11-1.52x the CUDA decode kernel (:mod:`jax_bindings._cuda.decode`),
+which keeps what this one refuses: strided segments (dilated, strided masks), more tokens a row
+and head dims that are no power of two.
 
 Glossary (the kernel's symbols):
 
@@ -16,8 +16,12 @@ Glossary (the kernel's symbols):
 * ``QPOS [B, SQ]``: each token's row of the layout (-1: it sees nothing); ``QLEN``, ``KVLEN``
   ``[B]``: tokens at or past ``QLEN`` are padding, keys at or past ``KVLEN`` are never seen.
 * ``SEG [L, NSEG, 2]``: per layout row, each segment's first key and count (every segment a run of
-  consecutive keys: :func:`takes` checks it). Token ``t`` sees key ``j`` of segment ``s`` where
+  consecutive keys: :func:`refusal` checks it). Token ``t`` sees key ``j`` of segment ``s`` where
   ``SEG[pos_t, s, 0] <= j < SEG[pos_t, s, 0] + SEG[pos_t, s, 1]``, ``j < KVLEN``.
+* ``IDS``: segment ids ``QIDS [B, SQ]``, ``KVIDS [B, L]`` (over logical key positions): a token
+  sees only keys of its id, and walks only ``DOC [B, SQ, 2]``, the keys its document may hold
+  (:func:`jax_bindings._id_runs.document_keys`: the document's run where a row's ids are sorted,
+  else every key). Without ids the three are one-element placeholders.
 * A program owns (split, batch row, KV head). Its tile rows are ``r = t * G + g`` (token, head of
   the group), padded to ``BLOCK_M >= 16`` for ``tl.dot``: a K/V tile is read once for all
   ``G`` heads and ``SQ`` tokens. Per segment it walks the tiles of ``BLOCK_N`` keys over the
@@ -55,11 +59,11 @@ _LN2 = tl.constexpr(0.6931471805599453)
 
 
 def _kernel(
-    Q, K, V, QPOS, QLEN, KVLEN, SEG, TABLE, OUT, LSE,
-    SCALE_LOG2: tl.constexpr, CAP: tl.constexpr, SQ: tl.constexpr, H: tl.constexpr, HK: tl.constexpr,
-    D: tl.constexpr, NSEG: tl.constexpr, L: tl.constexpr, PAGE: tl.constexpr, MAX_PAGES: tl.constexpr,
-    N_PAGES: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr,
+    Q, K, V, QPOS, QLEN, KVLEN, SEG, TABLE, QIDS, KVIDS, DOC, OUT, LSE,
+    IDS: tl.constexpr, SCALE_LOG2: tl.constexpr, CAP: tl.constexpr, SQ: tl.constexpr, H: tl.constexpr,
+    HK: tl.constexpr, D: tl.constexpr, NSEG: tl.constexpr, L: tl.constexpr, PAGE: tl.constexpr,
+    MAX_PAGES: tl.constexpr, N_PAGES: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     G: tl.constexpr = H // HK
     tl.static_assert(SQ * G <= BLOCK_M, "BLOCK_M covers the tile's SQ * G rows")
@@ -83,15 +87,22 @@ def _kernel(
     seg_row = tl.where(live, pos, 0).to(tl.int64) * (NSEG * 2)
     q_rows = (b64 * SQ + tok) * H + head
     q = tl.load(Q + q_rows[:, None] * D + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    if IDS:  # a token's segment id and the keys its document may hold
+        qid = tl.load(QIDS + b64 * SQ + tok, mask=row_ok, other=0)
+        doc_lo = tl.load(DOC + (b64 * SQ + tok) * 2, mask=row_ok, other=0)
+        doc_hi = tl.load(DOC + (b64 * SQ + tok) * 2 + 1, mask=row_ok, other=0)
 
     # -- the walk: per segment, the union of the rows' runs (clipped to kv_len) in whole tiles
     total = 0
     for s in tl.static_range(NSEG):
         base = tl.load(SEG + seg_row + 2 * s, mask=live, other=0)
-        count = tl.load(SEG + seg_row + 2 * s + 1, mask=live, other=0)
-        has = live & (count > 0)
+        end = base + tl.load(SEG + seg_row + 2 * s + 1, mask=live, other=0)
+        if IDS:
+            base = tl.maximum(base, doc_lo)
+            end = tl.minimum(end, doc_hi)
+        has = live & (end > base)
         lo = tl.min(tl.where(has, base, 2147483647), 0)
-        hi = tl.minimum(tl.max(tl.where(has, base + count, 0), 0), kv_len)
+        hi = tl.minimum(tl.max(tl.where(has, end, 0), 0), kv_len)
         total += tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_N)
     per_split = tl.cdiv(total, NUM_SPLITS)
     t0 = pid_s * per_split
@@ -103,9 +114,11 @@ def _kernel(
     done = 0  # tiles of the segments before this one
     for s in tl.static_range(NSEG):
         base = tl.load(SEG + seg_row + 2 * s, mask=live, other=0)
-        count = tl.load(SEG + seg_row + 2 * s + 1, mask=live, other=0)
-        has = live & (count > 0)
-        end = base + count
+        end = base + tl.load(SEG + seg_row + 2 * s + 1, mask=live, other=0)
+        if IDS:
+            base = tl.maximum(base, doc_lo)
+            end = tl.minimum(end, doc_hi)
+        has = live & (end > base)
         lo = tl.min(tl.where(has, base, 2147483647), 0)
         hi = tl.minimum(tl.max(tl.where(has, end, 0), 0), kv_len)
         n = tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_N)
@@ -130,6 +143,9 @@ def _kernel(
                 sc = sc * SCALE_LOG2
             seen = kv_ok[None, :] & (offs_n[None, :] >= base[:, None]) & (offs_n[None, :] < end[:, None])
             seen = seen & has[:, None]
+            if IDS:
+                kid = tl.load(KVIDS + b64 * L + offs_n, mask=kv_ok, other=0)
+                seen = seen & (qid[:, None] == kid[None, :])
             sc = tl.where(seen, sc, float("-inf"))
             # softmax with its rescale; a row with no key yet keeps m = -inf and p = 0
             m_new = tl.maximum(m_i, tl.max(sc, 1))
@@ -171,12 +187,11 @@ def kernel(interpret: bool):
             os.environ["TRITON_INTERPRET"] = old
 
 
-def refusal(layout: ACSR, q_shape, kv_heads: int, dtype: str, ids: bool) -> str | None:
+def refusal(layout: ACSR, q_shape, kv_heads: int, dtype: str) -> str | None:
     """Why this kernel does not take a call (None: it does): layouts of at most
     :data:`MAX_SEGMENTS` segments of consecutive keys, square (a cache's), no residual or grid;
     up to :data:`MAX_TOKENS` tokens and :data:`MAX_ROWS` (token, head) rows a KV head; head dims
-    that are powers of two from 16 to 256; no segment ids (the CUDA decode kernel cuts each
-    token's walk to its document)."""
+    that are powers of two from 16 to 256."""
     b, sq, h, d = q_shape
     if layout.grid is not None or layout.residual is not None:
         return "the triton decode kernel walks segments only (no grid layout, no block residual)"
@@ -193,17 +208,15 @@ def refusal(layout: ACSR, q_shape, kv_heads: int, dtype: str, ids: bool) -> str 
         return f"the triton decode kernel takes head dims that are powers of two in [16, 256], not {d}"
     if dtype not in ("bfloat16", "float16", "float32"):
         return f"the triton decode kernel takes bfloat16, float16 or float32, not {dtype}"
-    if ids:
-        return "the triton decode kernel takes no segment ids (the cuda one walks a token's document)"
     return None
 
 
-def preferred(layout: ACSR, q_shape, kv_heads: int, dtype: str, ids: bool) -> bool:
+def preferred(layout: ACSR, q_shape, kv_heads: int, dtype: str) -> bool:
     """Whether decode should run here rather than on the CUDA decode kernel: wherever this kernel
     takes the call (:func:`refusal`). Measured on H200 (bf16, Hq=32, Hk=8, D=128) at 1.11-1.32x
     the CUDA decode kernel on every case both run: causal at three sizes, a window, sinks +
     window, pages of 16, 4 and 16 query tokens (``benchmarks/NOTES.md``, session 28)."""
-    return refusal(layout, q_shape, kv_heads, dtype, ids) is None
+    return refusal(layout, q_shape, kv_heads, dtype) is None
 
 
 @functools.lru_cache(maxsize=32)
@@ -262,7 +275,8 @@ class Plan:
 
 
 def plan(q_shape, kv_heads: int, dtype: str, layout: ACSR, scale: float, soft_cap, sm_count: int, *,
-         page_size: int = 0, max_pages: int = 0, n_pages: int = 0, splits: int | None = None) -> Plan:
+         page_size: int = 0, max_pages: int = 0, n_pages: int = 0, ids: bool = False,
+         splits: int | None = None) -> Plan:
     """The launch of a call :func:`refusal` takes (``page_size`` 0: a contiguous cache)."""
     b, sq, h, d = q_shape
     itemsize = 4 if dtype == "float32" else 2
@@ -273,9 +287,9 @@ def plan(q_shape, kv_heads: int, dtype: str, layout: ACSR, scale: float, soft_ca
         tiles = -(-int(layout.row_counts().max(initial=0)) // block_n) + nseg
         occupancy = programs_per_sm(block_n, d, itemsize, stages, warps)
         splits = splits_for(b * kv_heads, tiles, sm_count, occupancy)
-    cx = (("SCALE_LOG2", float(scale) * LOG2E), ("CAP", float(soft_cap or 0.0)), ("SQ", sq), ("H", h),
-          ("HK", kv_heads), ("D", d), ("NSEG", nseg), ("L", layout.kv_len), ("PAGE", page_size),
-          ("MAX_PAGES", max_pages), ("N_PAGES", n_pages), ("NUM_SPLITS", splits),
+    cx = (("IDS", bool(ids)), ("SCALE_LOG2", float(scale) * LOG2E), ("CAP", float(soft_cap or 0.0)),
+          ("SQ", sq), ("H", h), ("HK", kv_heads), ("D", d), ("NSEG", nseg), ("L", layout.kv_len),
+          ("PAGE", page_size), ("MAX_PAGES", max_pages), ("N_PAGES", n_pages), ("NUM_SPLITS", splits),
           ("BLOCK_M", max(16, 1 << max(0, sq * (h // kv_heads) - 1).bit_length())), ("BLOCK_N", block_n),
           ("PRECISION", "ieee" if dtype == "float32" else "tf32"))
     if splits == 1:
@@ -288,5 +302,6 @@ def plan(q_shape, kv_heads: int, dtype: str, layout: ACSR, scale: float, soft_ca
 def call(p: Plan, interpret: bool = False) -> Call:
     """The launch of ``p`` for :func:`jax_bindings._triton.backend.run_call` (JAX) or
     :func:`jax_bindings._triton.launch.run_numpy` (the interpreter). Operands, in order: ``q, k,
-    v, q_pos, q_len, kv_len, seg`` (:func:`segment_table`) ``, table`` (``[1]`` when contiguous)."""
+    v, q_pos, q_len, kv_len, seg`` (:func:`segment_table`) ``, table, q_ids, kv_ids, doc`` (each
+    ``[1]`` where absent)."""
     return Call(kernel(interpret), p.grid, (), p.out, dict(p.constexprs), p.num_warps, p.num_stages, p)
