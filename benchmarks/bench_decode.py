@@ -25,6 +25,8 @@ paged16, paged64  the ``causal`` case from a paged cache (page size 16, 64; shuf
 spec4, spec16     speculative decoding: Sq = 4, 16 at the ``causal`` case's sizes
 chunk             chunked prefill: a 2048-token chunk at offset 30720 of a 32768 cache, causal
                   (B = 1: one request's chunk)
+chunk_sink_window the same chunk with ``sink(4) | sliding_window(4095, 0)`` (runs of keys that
+                  are no one band: the Triton kernel's blocks of rows)
 ================  ==========================================================================
 
 Peers (each skipped with its reason where it cannot run or cannot express the case):
@@ -492,6 +494,17 @@ def make_cases(profile: Profile, seed: int = 0) -> list[Case]:
             length,
             sq=p.chunk,
             targets=(Target("vs_peers", 1.0, ("flash_attn3",)),),
+        )
+    )
+    cases.append(
+        case(
+            "chunk_sink_window",
+            f"chunked prefill: {p.chunk} tokens at offset {length - p.chunk} of a "
+            f"{length} cache, sink(4) | sliding_window({w - 1}, 0) (no one band), B={cb}",
+            f"sink(4) | sliding_window({w - 1}, 0)",
+            cb,
+            length,
+            sq=p.chunk,
         )
     )
     return cases

@@ -22,6 +22,7 @@ MASKS = {
     "causal_window": masks.sliding_window(127, 0),
     "ahead": masks.sliding_window(100, 60),
     "dense": masks.full(),
+    "sinks+window": masks.sink(4) | masks.sliding_window(127, 0),  # runs of keys, not one band
 }
 
 # (mask, offsets per batch row, kv lengths (None: L), q lengths (None: SQ), documents, heads, kv heads)

@@ -1,15 +1,17 @@
-"""Decode on Triton: a few query tokens a batch row, at run-time positions, against a KV cache.
+"""Decode and chunked prefill on Triton: query tokens at run-time positions against a KV cache.
 
 The decode route the numbers favour for layouts whose rows are runs of consecutive keys (causal,
 windows, sinks + window, dense), with or without segment ids: ``benchmarks/NOTES.md`` (sessions
 27-28) measured this loop at 1.11-1.52x the CUDA decode kernel (:mod:`jax_bindings._cuda.decode`),
-which keeps what this one refuses: strided segments (dilated, strided masks), more tokens a row
-and head dims that are no power of two.
+which keeps what this one refuses: strided segments (dilated, strided masks) and head dims that
+are no power of two. A longer chunk at an offset (chunked prefill) runs the same loop on blocks
+of rows, for the masks the CUDA band kernel does not take (sinks + window, chunked causal,
+prefix-LM ...).
 
 Glossary (the kernel's symbols):
 
-* ``B`` batch rows, ``SQ`` query tokens a row (1..:data:`MAX_TOKENS`), ``H`` query heads, ``HK``
-  KV heads, ``G = H // HK``, ``D`` head dim (a power of two, 16..256).
+* ``B`` batch rows, ``SQ`` query tokens a row (a few in decode, a chunk in prefill), ``H`` query
+  heads, ``HK`` KV heads, ``G = H // HK``, ``D`` head dim (a power of two, 16..256).
 * The cache: contiguous ``[B, L, HK, D]`` (``PAGE = 0``), or a page pool ``[N_PAGES, PAGE, HK, D]``
   with ``TABLE [B, MAX_PAGES]`` (logical key ``j`` of row ``b`` at page ``TABLE[b, j // PAGE]``,
   slot ``j % PAGE``; a page id outside ``[0, N_PAGES)`` hides its keys).
@@ -22,10 +24,12 @@ Glossary (the kernel's symbols):
   sees only keys of its id, and walks only ``DOC [B, SQ, 2]``, the keys its document may hold
   (:func:`jax_bindings._id_runs.document_keys`: the document's run where a row's ids are sorted,
   else every key). Without ids the three are one-element placeholders.
-* A program owns (split, batch row, KV head). Its tile rows are ``r = t * G + g`` (token, head of
-  the group), padded to ``BLOCK_M >= 16`` for ``tl.dot``: a K/V tile is read once for all
-  ``G`` heads and ``SQ`` tokens. Per segment it walks the tiles of ``BLOCK_N`` keys over the
-  union of its rows' runs; the row's own run masks each score. The tiles of all segments, in
+* A program owns (split, batch row, KV head, block of rows). Its tile rows are ``r = t * G + g``
+  (token, head of the group), ``BLOCK_M`` of them (at least 16, for ``tl.dot``): in decode one
+  block holds every token's rows, so a K/V tile is read once for all ``G`` heads and ``SQ``
+  tokens; a longer chunk (chunked prefill) takes blocks of 128 rows, one program each. Per
+  segment it walks the tiles of ``BLOCK_N`` keys over the union of its rows' runs; the row's own
+  run masks each score. The tiles of all segments, in
   order, are cut into ``NUM_SPLITS`` equal shares (flash-decoding), one a program.
 * Online softmax in base 2 (``SCALE_LOG2 = scale * log2(e)`` folded into the scores; with a soft
   cap ``CAP``, ``z = scale * q.k`` becomes ``CAP * tanh(z / CAP)`` first). ``NUM_SPLITS == 1``
@@ -49,9 +53,8 @@ import triton.language as tl
 from acsr import ACSR
 from jax_bindings._triton.ops import Call
 
-MAX_TOKENS = 16  # query tokens of a batch row (speculative decoding's drafts)
 MAX_SEGMENTS = 4
-MAX_ROWS = 128  # SQ * G rows of one program's tile
+DECODE_ROWS = 128  # SQ * G rows up to which one program holds them all (decode), else blocks of them
 LOG2E = 1.4426950408889634
 # the kernel reads module globals only as constexprs
 _LOG2E = tl.constexpr(LOG2E)
@@ -66,7 +69,6 @@ def _kernel(
     BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     G: tl.constexpr = H // HK
-    tl.static_assert(SQ * G <= BLOCK_M, "BLOCK_M covers the tile's SQ * G rows")
     tl.static_assert(BLOCK_M >= 16, "tl.dot takes 16 rows or more")
     pid_s = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -74,8 +76,8 @@ def _kernel(
     hk = pid_bh % HK
     b64 = b.to(tl.int64)
 
-    # -- the tile's rows: (token, head of the group); which of them see keys at all
-    offs_m = tl.arange(0, BLOCK_M)
+    # -- the tile's rows: (token, head of the group), the pid_r-th BLOCK_M of them; which see keys
+    offs_m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D)
     tok = offs_m // G
     head = hk * G + offs_m % G
@@ -190,8 +192,7 @@ def kernel(interpret: bool):
 def refusal(layout: ACSR, q_shape, kv_heads: int, dtype: str) -> str | None:
     """Why this kernel does not take a call (None: it does): layouts of at most
     :data:`MAX_SEGMENTS` segments of consecutive keys, square (a cache's), no residual or grid;
-    up to :data:`MAX_TOKENS` tokens and :data:`MAX_ROWS` (token, head) rows a KV head; head dims
-    that are powers of two from 16 to 256."""
+    head dims that are powers of two from 16 to 256."""
     b, sq, h, d = q_shape
     if layout.grid is not None or layout.residual is not None:
         return "the triton decode kernel walks segments only (no grid layout, no block residual)"
@@ -201,9 +202,6 @@ def refusal(layout: ACSR, q_shape, kv_heads: int, dtype: str) -> str | None:
         return f"the triton decode kernel takes a cache's square layout, not {layout.q_len} x {layout.kv_len}"
     if not consecutive(layout):
         return "the triton decode kernel walks runs of consecutive keys; this layout has strided segments"
-    if not 1 <= sq <= MAX_TOKENS or sq * (h // kv_heads) > MAX_ROWS:
-        return (f"the triton decode kernel takes 1-{MAX_TOKENS} tokens and {MAX_ROWS} (token, head) rows a "
-                f"KV head, not {sq} tokens of {h // kv_heads} heads")
     if d < 16 or d > 256 or d & (d - 1):
         return f"the triton decode kernel takes head dims that are powers of two in [16, 256], not {d}"
     if dtype not in ("bfloat16", "float16", "float32"):
@@ -264,9 +262,9 @@ def splits_for(programs: int, tiles: int, sm_count: int, occupancy: int, max_spl
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """One decode call's launch: grid ``(splits, B * HK)``, the constexprs and the outputs."""
+    """One call's launch: grid ``(splits, B * HK, row blocks)``, the constexprs and the outputs."""
 
-    grid: tuple[int, int]
+    grid: tuple[int, int, int]
     splits: int
     constexprs: tuple[tuple[str, object], ...]
     out: tuple[tuple[tuple[int, ...], str], ...]
@@ -277,26 +275,35 @@ class Plan:
 def plan(q_shape, kv_heads: int, dtype: str, layout: ACSR, scale: float, soft_cap, sm_count: int, *,
          page_size: int = 0, max_pages: int = 0, n_pages: int = 0, ids: bool = False,
          splits: int | None = None) -> Plan:
-    """The launch of a call :func:`refusal` takes (``page_size`` 0: a contiguous cache)."""
+    """The launch of a call :func:`refusal` takes (``page_size`` 0: a contiguous cache): decode's
+    one block of every (token, head) row, up to :data:`DECODE_ROWS` rows (4 warps, keys in tiles of
+    :func:`block_n_for`); a longer chunk's blocks of 128 rows, 8 warps (two warpgroups' products)
+    and tiles of 64 keys, as a prefill kernel's."""
     b, sq, h, d = q_shape
     itemsize = 4 if dtype == "float32" else 2
-    stages, warps = 3, 4
-    block_n = block_n_for(d, itemsize, stages)
+    rows = sq * (h // kv_heads)
+    stages = 3
+    if rows <= DECODE_ROWS:
+        warps, block_m = 4, max(16, 1 << max(0, rows - 1).bit_length())
+        block_n = block_n_for(d, itemsize, stages)
+    else:
+        warps, block_m, block_n = 8, 128, min(64, block_n_for(d, itemsize, stages))
+    row_blocks = -(-rows // block_m)
     nseg = len(layout.segments)
     if splits is None:
         tiles = -(-int(layout.row_counts().max(initial=0)) // block_n) + nseg
         occupancy = programs_per_sm(block_n, d, itemsize, stages, warps)
-        splits = splits_for(b * kv_heads, tiles, sm_count, occupancy)
+        splits = splits_for(b * kv_heads * row_blocks, tiles, sm_count, occupancy)
     cx = (("IDS", bool(ids)), ("SCALE_LOG2", float(scale) * LOG2E), ("CAP", float(soft_cap or 0.0)),
           ("SQ", sq), ("H", h), ("HK", kv_heads), ("D", d), ("NSEG", nseg), ("L", layout.kv_len),
           ("PAGE", page_size), ("MAX_PAGES", max_pages), ("N_PAGES", n_pages), ("NUM_SPLITS", splits),
-          ("BLOCK_M", max(16, 1 << max(0, sq * (h // kv_heads) - 1).bit_length())), ("BLOCK_N", block_n),
+          ("BLOCK_M", block_m), ("BLOCK_N", block_n),
           ("PRECISION", "ieee" if dtype == "float32" else "tf32"))
     if splits == 1:
         out = (((b, sq, h, d), dtype), ((b, h, sq), "float32"))
     else:
         out = (((b, sq, h, splits, d), "float32"), ((b, sq, h, splits), "float32"))
-    return Plan((splits, b * kv_heads), splits, cx, out, warps, stages)
+    return Plan((splits, b * kv_heads, row_blocks), splits, cx, out, warps, stages)
 
 
 def call(p: Plan, interpret: bool = False) -> Call:
