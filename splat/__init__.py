@@ -22,6 +22,7 @@ from splat._call_log import CallRecord, call_counts, call_log
 from splat._decorator import SparseAttentionFallbackWarning, sparse_attention
 from splat._kvcache import attention_with_kvcache, update_kvcache
 from splat._neighborhood_attention import neighborhood_attention
+from splat._sharded import SequenceAxis, sharded_attention, unzigzag, zigzag, zigzag_positions
 from splat._sparsify import SparsifyWarning, sparsify
 
 __version__ = "0.1.0"
@@ -29,6 +30,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CallRecord",
     "Report",
+    "SequenceAxis",
     "SparseAttentionFallbackWarning",
     "SparsifyWarning",
     "analyze",
@@ -43,10 +45,14 @@ __all__ = [
     "pad_to_bucket",
     "report",
     "sddmm",
+    "sharded_attention",
     "softmax",
     "sparse_attention",
     "sparsify",
     "spmm",
+    "unzigzag",
     "update_kvcache",
+    "zigzag",
+    "zigzag_positions",
     "__version__",
 ]

@@ -128,6 +128,7 @@ def attention(
     q_offset: jax.Array | int | None = None,
     logits_soft_cap: float | None = None,
     backend: str = "auto",
+    sequence_axis=None,
 ) -> jax.Array:
     """Sparse multi-head attention: ``softmax(scale * q k^T, masked) v``.
 
@@ -183,6 +184,15 @@ def attention(
         says which), or a backend by name (``"cuda"``, ``"triton"``,
         ``"cudnn"``, ``"jax"``), which raises rather than fall back when it
         cannot take the call.
+      sequence_axis: None, or a mesh axis name (``"sp"``) or a
+        :class:`splat.SequenceAxis` (name and chunk order): sequence-parallel
+        attention inside ``jax.shard_map``. ``query``, ``key``, ``value`` and
+        the segment ids are then this device's shards of the sequence along
+        that axis (contiguous slices, or zigzag chunks); ``mask`` and the
+        lengths are the whole sequence's; ``q_offset`` is refused. Keys move
+        between devices as the mask needs (a halo for band masks, a ring for
+        long-range ones; README "Running sharded"); the result equals one
+        device's. :func:`splat.sharded_attention` does this for global arrays.
 
     Returns:
       ``[B, Sq, H, D]`` in the dtype of ``query``.
@@ -197,6 +207,24 @@ def attention(
     _dispatch.check_backend(backend)
     q, k, v, s = _check_qkv(query, key, value, scale)
     cap = _runtime_args.check_soft_cap(logits_soft_cap)
+    if sequence_axis is not None:
+        from splat import _sharded  # it builds on this module
+
+        return _sharded.attention(
+            q,
+            k,
+            v,
+            mask,
+            sequence_axis=sequence_axis,
+            scale=s,
+            segment_ids=segment_ids,
+            kv_segment_ids=kv_segment_ids,
+            query_seq_lengths=query_seq_lengths,
+            key_value_seq_lengths=key_value_seq_lengths,
+            q_offset=q_offset,
+            soft_cap=cap,
+            backend=backend,
+        )
     (b, sq), skv = q.shape[:2], k.shape[1]
     runtime = _runtime_args.runtime_mask(
         b,
