@@ -1,6 +1,8 @@
 # Two user-facing commands (see README.md):
 #   make demo   quick benchmark on whatever hardware is here + analysis of an example mask
 #   make test   the test suite (CPU by default; GPU tests are marked and skip without a GPU)
+#   make test-models   the model-library integration tests (tests/test_models_*.py: penzai,
+#               keras-hub, gemma under splat.sparsify; minutes of compiling, so not in `make test`)
 #
 # Both create .venv on first use and reuse it afterwards. The install is redone only when
 # pyproject.toml changes: the stamp file's name carries a hash of it.
@@ -14,7 +16,7 @@ STAMP := $(VENV)/.splat-installed-$(HASH)
 OUT ?= benchmarks/out
 PYTEST_ARGS ?=
 
-.PHONY: demo test venv lint clean
+.PHONY: demo test test-models venv lint clean
 
 venv: $(STAMP)
 
@@ -38,6 +40,14 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The model libraries are installed here, not by `make venv`: resolved together with the test
+# extras from scratch, pip backtracks for many minutes through their google-cloud dependencies.
+# jax stays at the installed version; a library that cannot be installed has its tests skip.
+test-models: $(STAMP)
+	$(PY) -m pip install -q -e ".[models]" "jax==$$($(PY) -c 'import jax; print(jax.__version__)')" \
+		|| echo "could not install the models extra: its tests skip (pip install -e '.[models]' says why)"
+	$(PY) -m pytest -m models tests/test_models_*.py $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m pip install -q ruff

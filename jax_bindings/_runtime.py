@@ -30,7 +30,7 @@ kv_len     ``[B]``      keys at or past it are never seen; in ``[0, Skv]``
 exact      ``[B]``      1 where both id arrays are non-decreasing (or there are no ids)
 q_ids      ``[B, Sq]``  segment id of each query, or None (no ids)
 kv_ids     ``[B, Skv]`` segment id of each key, or None
-q_pos      ``[B, Sq]``  the static layout's row for each query (``q_offset + i``), or None
+q_pos      ``[B, Sq]``  the static layout's row for each query (``q_offset + i``, or given), or None
                         (row ``i``); -1: outside the layout, the query sees no key (output 0,
                         lse ``-inf``, zero gradients); never another row, never clipped
 q_start    ``[B]``      with ``q_pos`` from an offset: ``q_pos[b, i] = q_start[b] + i`` wherever
@@ -82,6 +82,7 @@ def build(
     query_seq_lengths=None,
     key_value_seq_lengths=None,
     q_offset=None,
+    q_positions=None,
     layout_rows: int | None = None,
 ) -> RuntimeMask | None:
     """The :class:`RuntimeMask` of these arguments, or None when all are None.
@@ -91,8 +92,10 @@ def build(
     as ``segment_ids``), lengths ``[B]``, ``q_offset [B]``). Lengths are
     clipped to ``[0, S]``; a position ``q_offset + i`` outside ``[0,
     layout_rows)`` becomes -1: that query sees no key (it is not clipped to the
-    nearest row, whose mask is not its own). ``layout_rows``: rows of the static
-    layout the positions index (needed with ``q_offset``).
+    nearest row, whose mask is not its own). ``q_positions [B, Sq]``: each query's row
+    given directly (instead of ``q_offset``), the same rule outside ``[0, layout_rows)``.
+    ``layout_rows``: rows of the static layout the positions index (needed with
+    ``q_offset`` or ``q_positions``).
 
     Example:
       >>> import jax.numpy as jnp
@@ -102,7 +105,7 @@ def build(
       >>> build(1, 3, 8, q_offset=6, layout_rows=8).q_pos.tolist()   # the third query is past the layout
       [[6, 7, -1]]
     """
-    given = (segment_ids, kv_segment_ids, query_seq_lengths, key_value_seq_lengths, q_offset)
+    given = (segment_ids, kv_segment_ids, query_seq_lengths, key_value_seq_lengths, q_offset, q_positions)
     if all(x is None for x in given):
         return None
     qn = jnp.full((batch,), q_len, _I32)
@@ -122,5 +125,10 @@ def build(
             raise ValueError("layout_rows is needed with q_offset")
         q_start = jnp.broadcast_to(jnp.asarray(q_offset).astype(_I32).reshape(-1), (batch,))
         pos = q_start[:, None] + jnp.arange(q_len, dtype=_I32)[None, :]
+        q_pos = jnp.where((pos >= 0) & (pos < layout_rows), pos, -1)
+    if q_positions is not None:  # any rows, one per query (no q_start: not consecutive)
+        if layout_rows is None:
+            raise ValueError("layout_rows is needed with q_positions")
+        pos = jnp.asarray(q_positions).astype(_I32)
         q_pos = jnp.where((pos >= 0) & (pos < layout_rows), pos, -1)
     return RuntimeMask(qn, kn, exact, q_ids, kv_ids, q_pos, q_start)

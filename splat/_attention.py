@@ -128,6 +128,8 @@ def attention(
     q_offset: jax.Array | int | None = None,
     logits_soft_cap: float | None = None,
     backend: str = "auto",
+    q_positions: jax.Array | None = None,
+    kv_positions: jax.Array | None = None,
     sequence_axis=None,
 ) -> jax.Array:
     """Sparse multi-head attention: ``softmax(scale * q k^T, masked) v``.
@@ -176,6 +178,19 @@ def attention(
       logits_soft_cap: a static positive number ``c``: scores
         ``z = scale * q . k`` become ``c * tanh(z / c)`` before masking
         (Gemma 2).
+      q_positions: int ``[B, Sq]``: query ``i`` of batch row ``b`` sits at
+        position ``q_positions[b, i]``: it takes that row of the static mask,
+        taken at shape ``(Skv, Skv)`` (decode, left padding, packed sequences
+        whose positions restart; ``q_offset`` is ``q_positions = q_offset +
+        arange(Sq)``). A position outside ``[0, Skv)`` sees no key (output 0).
+      kv_positions: int ``[B, Skv]``: key ``j`` sits at position
+        ``kv_positions[b, j]`` (column of the static mask); query ``i`` sees key
+        ``j`` where the mask holds at ``(q_positions[b, i], kv_positions[b, j])``
+        (``q_positions`` defaults to ``arange(Sq)``). A negative position (or one
+        at or past ``Skv``) is padding: that key is never seen. Keys that are
+        seen must sit at distinct positions; a batch row where two share one
+        outputs NaN. Where every seen key sits at its own index nothing moves;
+        otherwise keys and values are gathered into position order first.
       backend: one of ``jax_bindings.BACKENDS``: ``"auto"`` (the fastest
         backend here that takes the call: the generated CUDA kernels (Hopper,
         one-band masks, with or without segment ids and lengths, and the
@@ -189,10 +204,11 @@ def attention(
         attention inside ``jax.shard_map``. ``query``, ``key``, ``value`` and
         the segment ids are then this device's shards of the sequence along
         that axis (contiguous slices, or zigzag chunks); ``mask`` and the
-        lengths are the whole sequence's; ``q_offset`` is refused. Keys move
-        between devices as the mask needs (a halo for band masks, a ring for
-        long-range ones; README "Running sharded"); the result equals one
-        device's. :func:`splat.sharded_attention` does this for global arrays.
+        lengths are the whole sequence's; ``q_offset``, ``q_positions`` and
+        ``kv_positions`` are refused. Keys move between devices as the mask
+        needs (a halo for band masks, a ring for long-range ones; README
+        "Running sharded"); the result equals one device's.
+        :func:`splat.sharded_attention` does this for global arrays.
 
     Returns:
       ``[B, Sq, H, D]`` in the dtype of ``query``.
@@ -210,6 +226,11 @@ def attention(
     if sequence_axis is not None:
         from splat import _sharded  # it builds on this module
 
+        if q_positions is not None or kv_positions is not None:
+            raise ValueError(
+                "q_positions and kv_positions cannot be combined with sequence_axis: each device holds "
+                "a shard of the sequence at its own positions (pass the mask of the whole sequence)"
+            )
         return _sharded.attention(
             q,
             k,
@@ -226,6 +247,13 @@ def attention(
             backend=backend,
         )
     (b, sq), skv = q.shape[:2], k.shape[1]
+    bad = None
+    if kv_positions is not None:
+        k, v, segment_ids, kv_segment_ids, bad = _runtime_args.keys_at_positions(
+            k, v, kv_positions, segment_ids, kv_segment_ids, sq
+        )
+        if q_positions is None and q_offset is None:
+            q_positions = jnp.broadcast_to(jnp.arange(sq, dtype=jnp.int32), (b, sq))
     runtime = _runtime_args.runtime_mask(
         b,
         sq,
@@ -235,9 +263,14 @@ def attention(
         query_seq_lengths=query_seq_lengths,
         key_value_seq_lengths=key_value_seq_lengths,
         q_offset=q_offset,
+        q_positions=q_positions,
     )
-    layout = _layout(mask, skv if q_offset is not None else sq, skv)
-    return _attend(q, k, v, layout, s, backend, runtime=runtime, soft_cap=cap)
+    at_positions = q_offset is not None or q_positions is not None
+    layout = _layout(mask, skv if at_positions else sq, skv)
+    out = _attend(q, k, v, layout, s, backend, runtime=runtime, soft_cap=cap)
+    if bad is not None:  # two seen keys at one position: no column order expresses it
+        out = jnp.where(bad[:, None, None, None], jnp.nan, out)
+    return out
 
 
 def _check_qkv(query, key, value, scale) -> tuple[jax.Array, jax.Array, jax.Array, float]:

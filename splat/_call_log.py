@@ -46,8 +46,11 @@ class CallRecord:
         ``sparsify`` fallback, or a call that raised before they were read).
       mask: ``repr`` of the mask splat used (for ``sparsify``, of each distinct mask found,
         joined by ``"; "``), or None.
-      decode: whether the call was a decode step (one query against a KV cache); None where
-        unknown (``sparsify`` does not tell).
+      decode: whether the call was a decode step (one query against a KV cache); for
+        ``sparsify``, whether every attention it replaced takes its queries at positions known
+        only at run time (a KV cache's, splat's decode path); None where unknown.
+      replaced, dense: for ``sparsify``, how many attentions splat ran in this call and how many
+        it found but left dense (``reason`` says why); None for the other front ends.
       backend: the backend asked for when it is a single one (it ran, or the call
         raised); None under ``backend="auto"``, where the choice is made further down.
     """
@@ -60,6 +63,8 @@ class CallRecord:
     mask: str | None = None
     decode: bool | None = None
     backend: str | None = None
+    replaced: int | None = None
+    dense: int | None = None
 
 
 _local = threading.local()  # .logs: the open call_log lists of this thread, outermost first
@@ -136,6 +141,8 @@ def record(
     mask=None,
     decode: bool | None = None,
     backend: str | None = None,
+    replaced: int | None = None,
+    dense: int | None = None,
 ) -> CallRecord:
     """Write one call's record to every open :func:`call_log` of this thread and to the counts.
 
@@ -151,6 +158,8 @@ def record(
         mask=None if mask is None else mask if isinstance(mask, str) else repr(mask),
         decode=decode,
         backend=None if backend in (None, "auto") else backend,
+        replaced=replaced,
+        dense=dense,
     )
     with _counts_lock:
         _counts[outcome] += 1

@@ -10,6 +10,7 @@ whose position falls outside the static mask's rows sees no key (output 0).
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 
@@ -97,9 +98,12 @@ def runtime_mask(
     query_seq_lengths=None,
     key_value_seq_lengths=None,
     q_offset=None,
+    q_positions=None,
 ) -> _runtime.RuntimeMask | None:
     """Checks the runtime mask arguments (shapes, dtypes) and builds their :class:`RuntimeMask`."""
-    seg = kv_seg = qlen = kvlen = off = None
+    seg = kv_seg = qlen = kvlen = off = qpos = None
+    if q_offset is not None and q_positions is not None:
+        raise ValueError("pass q_offset or q_positions, not both (q_offset + arange(Sq) is a q_positions)")
     if kv_segment_ids is not None and segment_ids is None:
         raise ValueError("kv_segment_ids needs segment_ids (the queries' ids)")
     if segment_ids is not None:
@@ -120,6 +124,8 @@ def runtime_mask(
         want = tuple(shape) if tuple(shape) in ((), (batch,)) else (batch,)
         off = _int_array("q_offset", q_offset, want, "[B] (or a scalar)")
         check_offset(q_offset, q_len, kv_len)
+    if q_positions is not None:
+        qpos = _int_array("q_positions", q_positions, (batch, q_len), "[B, Sq]")
     return _runtime.build(
         batch,
         q_len,
@@ -129,5 +135,78 @@ def runtime_mask(
         query_seq_lengths=qlen,
         key_value_seq_lengths=kvlen,
         q_offset=off,
+        q_positions=qpos,
         layout_rows=kv_len,
     )
+
+
+def kv_positions_array(kv_positions, batch: int, kv_len: int):
+    """``kv_positions`` checked: an integer ``[B, Skv]`` array."""
+    return _int_array("kv_positions", kv_positions, (batch, kv_len), "[B, Skv]")
+
+
+def place_keys(k, v, kv_positions, kv_segment_ids):
+    """Keys and values moved to the static mask's columns their positions name.
+
+    Key ``j`` of batch row ``b`` is column ``kv_positions[b, j]`` of the static mask; a negative
+    position (or one at or past ``Skv``) is padding, never seen. Returns ``(k, v, kv_ok, bad)``:
+    ``k, v [B, Skv, Hk, D]`` in column order, ``kv_ok [B, Skv]`` (the columns a key sits at,
+    AND ``kv_segment_ids``'s own rule left to the caller, which gets the ids moved too when
+    given: ``(k, v, kv_ok, bad, ids)``), ``bad [B]``: rows where two seen keys share a
+    position, which no column order can express.
+
+    Where every seen key already sits at its own index (no padding before it: the common case,
+    a cache filled from the start) nothing is moved; a ``lax.cond`` picks that branch on device.
+    """
+    b, skv = kv_positions.shape
+    pos = jnp.asarray(kv_positions).astype(jnp.int32)
+    seen = (pos >= 0) & (pos < skv)
+    j = jnp.arange(skv, dtype=jnp.int32)[None, :]
+    in_place = jnp.all(~seen | (pos == j))
+    ids = kv_segment_ids
+
+    def keep():
+        return k, v, seen, ids
+
+    def move():
+        rows = jnp.arange(b)[:, None]
+        target = jnp.where(seen, pos, skv)  # padding goes to a dropped column
+        src = jnp.zeros((b, skv + 1), jnp.int32).at[rows, target].set(jnp.broadcast_to(j, (b, skv)))
+        has = jnp.zeros((b, skv + 1), bool).at[rows, target].set(seen)[:, :skv]
+        src = src[:, :skv]
+        take = functools.partial(jnp.take_along_axis, axis=1)
+        k2 = take(k, src[:, :, None, None])
+        v2 = take(v, src[:, :, None, None])
+        ids2 = None if ids is None else take(ids, src)
+        return k2, v2, has, ids2
+
+    k, v, ok, ids = jax.lax.cond(in_place, keep, move)
+    count = jnp.zeros((b, skv + 1), jnp.int32).at[jnp.arange(b)[:, None], jnp.where(seen, pos, skv)].add(1)
+    bad = jnp.any(count[:, :skv] > 1, axis=1)
+    return k, v, ok, bad, ids
+
+
+def keys_at_positions(k, v, kv_positions, segment_ids, kv_segment_ids, q_len: int):
+    """:func:`splat.attention`'s ``kv_positions``: keys and values in column order, the key
+    padding as segment ids. Returns ``(k, v, segment_ids, kv_segment_ids, bad)``."""
+    b, skv = k.shape[:2]
+    pos = kv_positions_array(kv_positions, b, skv)
+    if segment_ids is not None:
+        segment_ids = _int_array("segment_ids", segment_ids, (b, q_len), "[B, Sq]", ids=True)
+        ids = segment_ids if kv_segment_ids is None else kv_segment_ids
+        if kv_segment_ids is None and q_len != skv:
+            raise ValueError(
+                f"segment_ids covers {q_len} queries but there are {skv} keys: pass kv_segment_ids "
+                "[B, Skv] for the keys"
+            )
+        ids = _int_array("kv_segment_ids", ids, (b, skv), "[B, Skv]", ids=True).astype(jnp.int32)
+    elif kv_segment_ids is not None:
+        raise ValueError("kv_segment_ids needs segment_ids (the queries' ids)")
+    else:
+        ids = None
+    k, v, ok, bad, ids = place_keys(k, v, pos, ids)
+    if ids is None:
+        return k, v, jnp.zeros((b, q_len), jnp.int32), jnp.where(ok, 0, 1).astype(jnp.int32), bad
+    # ids doubled (even), padding odd: never equal to a query's id
+    q_ids = 2 * segment_ids.astype(jnp.int32)
+    return k, v, q_ids, jnp.where(ok, 2 * ids, 1).astype(jnp.int32), bad

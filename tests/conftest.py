@@ -5,6 +5,9 @@
 * ``slow`` tests are deselected unless ``--runslow`` is given or ``-m`` names them.
 * ``gemma`` tests need the optional gemma library; their module skips itself, with the
   reason, where gemma cannot be imported (it is no requirement of the default suite).
+* ``models`` tests (tests/test_models_*.py) run model libraries under ``splat.sparsify``; they
+  are deselected unless ``-m`` names them (``make test-models``), and skip, with the reason,
+  where their library cannot be imported.
 * ``rng``: a fresh ``np.random.default_rng`` seeded from the test's id, so every
   test draws its own inputs and a failure reproduces.
 * ``backend``: every registered backend (``jax_bindings._registry``), in
@@ -52,9 +55,15 @@ def pytest_configure(config):
         "markers", "slow: long sweep; deselected by default (run with --runslow or -m slow)"
     )
     config.addinivalue_line("markers", "gemma: needs the optional gemma library (skipped where missing)")
+    config.addinivalue_line("markers", "models: a model library's integration test (skipped where missing)")
 
 
 def pytest_collection_modifyitems(config, items):
+    if "models" not in (config.getoption("-m") or ""):  # `make test-models` runs them
+        keep = [item for item in items if "models" not in item.keywords]
+        if len(keep) < len(items):
+            config.hook.pytest_deselected(items=[item for item in items if "models" in item.keywords])
+            items[:] = keep
     if not (config.getoption("--runslow") or "slow" in (config.getoption("-m") or "")):
         keep, drop = [], []
         for item in items:

@@ -94,7 +94,7 @@ def test_sparsify_outcomes():
     ok, fb, err = log
     assert ok.front_end == "sparsify(windowed)" and ok.outcome == "splat" and ok.reason is None
     assert ok.q_shape == (B, S, H, 1, D) and ok.kv_shape == (B, S, H, D)  # as jax.nn reshapes q (GQA)
-    assert "SlidingWindow" in ok.mask and ok.decode is None
+    assert "SlidingWindow" in ok.mask and ok.decode is False and (ok.replaced, ok.dense) == (1, 0)
     assert (fb.front_end, fb.outcome) == ("sparsify(no_attention)", "fallback")
     assert "no dense attention" in fb.reason and fb.q_shape is None
     assert err.outcome == "error" and "no dense attention" in err.reason

@@ -214,6 +214,8 @@ def test_what_cannot_be_sharded_is_refused_naming_the_argument():
     )
     with pytest.raises(ValueError, match="q_offset cannot be combined with sequence_axis"):
         call(mask=masks.causal(), q_offset=0)
+    with pytest.raises(ValueError, match="q_positions and kv_positions cannot be combined"):
+        call(mask=masks.causal(), q_positions=jnp.zeros((1, 32), jnp.int32))
     with pytest.raises(ValueError, match="mask layout is 16 x 16, but with sequence_axis"):
         call(mask=masks.causal().to_acsr(16))
     with pytest.raises(ValueError, match="mask array must have shape") as e:

@@ -174,16 +174,6 @@ def test_rows_emptied_at_run_time_give_zero():
 # --- what stays dense says why (problems() names the reason and the operation) ----------------
 
 
-def positions_window(q, k, v, tokens):
-    """Gemma's own local layers: the window compares positions computed from the inputs."""
-    valid = tokens != 0
-    pos = jnp.cumsum(valid, axis=-1) - 1
-    window = (pos[:, None, :] > pos[:, :, None] - WIN) & (pos[:, None, :] < pos[:, :, None] + WIN)
-    mask = valid[:, None, :] & _causal(q.shape[1])[None] & window
-    logits = jnp.where(mask[:, :, None, :], _gqa_logits(q, k, 0.25), FILL)
-    return _gqa_out(jax.nn.softmax(logits, axis=-1), v)
-
-
 def mask_inside_cap(q, k, v):
     logits = jnp.where(_causal(q.shape[1])[None, None], jnp.einsum("bqhd,bkhd->bhqk", q, k), FILL)
     logits = jnp.tanh(logits / CAP) * CAP
@@ -203,18 +193,11 @@ def head_mask(q, k, v, valid):
     return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(logits, -1), v)
 
 
-def _tokens():
-    tok = np.random.default_rng(4).integers(1, 50, (B, T))
-    tok[1, 31:] = 0
-    return jnp.asarray(tok, jnp.int32)
-
-
 def _full_heads(q, k, v):
     return q, jnp.repeat(k, H // HK, axis=2), jnp.repeat(v, H // HK, axis=2)
 
 
 FALLBACKS = [
-    (positions_window, lambda q, k, v: (q, k, v, _tokens()), "inputs through `lt` on bool[2,40,40]"),
     (mask_inside_cap, _full_heads, "before the logit soft cap (`tanh`)"),
     (clipped_logits, _full_heads, "logits pass through `min`"),
     (

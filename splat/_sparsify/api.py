@@ -305,6 +305,14 @@ def wrap(
         first = plan.matches[0]
         info["q"], info["k"] = plan.ir.shape(first.q), plan.ir.shape(first.k)
         info["mask"] = "; ".join(dict.fromkeys(repr(m.found.mask) for m in plan.matches))
+        info["replaced"], info["dense"] = len(plan.matches), len(plan.problems)
+        checked = sum("positions=indices" in m.found.runtime for m in plan.matches)
+        if checked:  # the record is written now; which branch runs is known only on device
+            note = (f"{checked} of them check at run time that positions equal indices and run the "
+                    "original dense attention where they do not")
+            info["reason"] = f"{info['reason']}; {note}" if info.get("reason") else note
+        # splat's decode path, for every attention: queries at rows known only at run time
+        info["decode"] = all("positions" in m.found.runtime for m in plan.matches)
         replace = {m.pv_out: ([m.q, m.k, m.v, *m.extra], m.fn) for m in plan.matches}
         outs = run_ir(plan.ir, dyn, replace)
         return jax.tree.unflatten(plan.out_tree, outs), "splat"

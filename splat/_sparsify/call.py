@@ -13,10 +13,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import jax
 import jax.numpy as jnp
 
 from splat import _attention
 from splat._sparsify import runtime as rt_ops
+from splat._sparsify.ir import run_nodes
 
 __all__ = ["Arrangement", "attention_call"]
 
@@ -53,21 +55,78 @@ def _arrange(x, lab, order, tail):
 
 
 def attention_call(
-    a: Arrangement, layout, scale: float, cap, runtime: rt_ops.Runtime, backend: str, out_dtype
+    a: Arrangement,
+    layout,
+    scale: float,
+    cap,
+    runtime: rt_ops.Runtime,
+    backend: str,
+    out_dtype,
+    *,
+    positions=None,
+    guard=None,
+    consts=None,
 ) -> Callable:
-    """``run(q, k, v, *runtime arrays)``: splat's attention on the matched operands."""
+    """``run(q, k, v, *runtime arrays, *position arrays, *dense reads)``: splat's attention on the
+    matched operands.
+
+    ``positions`` (:class:`positions.Positions`): pass its arrays as ``q_positions`` /
+    ``kv_positions``; with ``guard.mixed`` they are checked equal to the indices instead, and where
+    they are not the original attention (``guard.nodes``, reading ``guard.reads``) runs.
+    """
     sizes, batch, heads, group, t, kv = a.sizes, a.batch, a.heads, a.group, a.t, a.kv
     q_len, kv_len = sizes[t], sizes[kv]
     n_heads, n_group = math.prod(sizes[h] for h in heads), math.prod(sizes[g] for g in group)
+    n_rt = len(runtime.vids)
+    pos_sides = [] if positions is None else [s for s in ("q", "kv") if getattr(positions, s) is not None]
+    consts = consts or {}
+
+    def splat_run(qv, kv_arr, vv, rt_vals, pos_vals):
+        qp = kp = None
+        for side, val in zip(pos_sides, pos_vals, strict=True):
+            lab = getattr(positions, side)[1]
+            arr = rt_ops.gather_rows(val, lab, list(batch) + [t if side == "q" else kv], sizes)
+            arr = arr.astype(jnp.int32)
+            qp, kp = (arr, kp) if side == "q" else (qp, arr)
+        return core(qv, kv_arr, vv, rt_vals, qp, kp)
 
     def run(qv, kv_arr, vv, *extra):
+        rt_vals, pos_vals = extra[:n_rt], extra[n_rt : n_rt + len(pos_sides)]
+        if guard is None or not guard.mixed:
+            return splat_run(qv, kv_arr, vv, rt_vals, pos_vals)
+        reads = extra[n_rt + len(pos_sides) :]
+        ok = _aligned(pos_vals, rt_vals)
+        live = [v for v in guard.reads if v not in consts]
+        fixed = {v: consts[v] for v in guard.reads if v in consts}
+
+        def dense(args):
+            vals = dict(zip(live, args, strict=True))
+            return run_nodes(guard.nodes, live, [vals[v] for v in live], fixed, guard.out)
+
+        return jax.lax.cond(ok, lambda args: core(qv, kv_arr, vv, rt_vals, None, None), dense, list(reads))
+
+    def _aligned(pos_vals, rt_vals):
+        """Whether every position equals its index (keys: where the other key terms let them be seen)."""
+        ok = jnp.bool_(True)
+        kv_ok = rt_ops.key_valid(runtime, rt_vals, batch, t, kv, sizes) if rt_vals else None
+        for side, val in zip(pos_sides, pos_vals, strict=True):
+            lab = getattr(positions, side)[1]
+            axis = t if side == "q" else kv
+            arr = rt_ops.gather_rows(val, lab, list(batch) + [axis], sizes)
+            same = arr == jnp.arange(sizes[axis], dtype=arr.dtype)[None, :]
+            if side == "kv" and kv_ok is not None:
+                same = same | ~kv_ok
+            ok = ok & jnp.all(same)
+        return ok
+
+    def core(qv, kv_arr, vv, extra, qp, kp):
         b = math.prod(sizes[lab] for lab in batch)
         qs = _arrange(qv, a.q, batch + [t] + heads + group, "d").reshape(b, q_len, n_heads * n_group, -1)
         ks = _arrange(kv_arr, a.k, batch + [kv] + heads, "d").reshape(b, kv_len, n_heads, -1)
         vs = _arrange(vv, a.v, batch + [kv] + heads, "e")
         vs = jnp.broadcast_to(vs, [sizes[lab] for lab in batch + [kv] + heads] + [sizes["e"]])
         vs = vs.reshape(b, kv_len, n_heads, -1)
-        if cap is None and not extra:
+        if cap is None and not extra and qp is None and kp is None:
             qs, ks, vs, s = _attention._check_qkv(qs, ks, vs, scale)
             o = _attention._attend(qs, ks, vs, layout, s, backend)  # the layout analysed at trace time
         else:
@@ -82,6 +141,8 @@ def attention_call(
                 kv_segment_ids=seg[1],
                 logits_soft_cap=cap,
                 backend=backend,
+                q_positions=qp,
+                kv_positions=kp,
             )
         order = batch + [t] + heads + group + ["e"]
         o = o.reshape([sizes[lab] for lab in order])

@@ -21,7 +21,7 @@ from jax.extend import core as jex_core
 
 from splat._sparsify.outer import outer_graph
 
-__all__ = ["IR", "Node", "bind_params", "build_ir", "run_ir"]
+__all__ = ["IR", "Node", "between", "bind_params", "build_ir", "run_ir", "run_nodes"]
 
 # call primitives whose body is inlined into the flat IR
 _INLINE = ("jit", "pjit", "closed_call", "core_call")
@@ -199,6 +199,50 @@ def bind_params(node: Node) -> tuple[list, dict]:
     return [], got
 
 
+def _bind(node: Node, invals: list):
+    subfuns, params = bind_params(node)
+    manager = getattr(node.ctx, "manager", None)
+    if manager is not None:
+        with manager:
+            return node.prim.bind(*subfuns, *invals, **params)
+    return node.prim.bind(*subfuns, *invals, **params)
+
+
+def between(ir: IR, sources: set[int], out: int) -> tuple[list[Node], list[int]]:
+    """``(nodes, reads)``: the equations on a path from ``sources`` to ``out``, in program order,
+    and the other values they read (every value of ``out``'s slice that does not depend on
+    ``sources``, at the frontier)."""
+    need, back = {out}, set()
+    for i in range(len(ir.nodes) - 1, -1, -1):
+        node = ir.nodes[i]
+        if not node.analysis_only and any(o in need for o in node.outs):
+            back.add(i)
+            need.update(node.ins)
+    reach = set(sources)
+    nodes = []
+    for i in sorted(back):
+        node = ir.nodes[i]
+        if any(u in reach for u in node.ins):
+            nodes.append(node)
+            reach.update(node.outs)
+    made = {o for node in nodes for o in node.outs}
+    reads = list(dict.fromkeys(u for node in nodes for u in node.ins if u not in made))
+    return nodes, reads
+
+
+def run_nodes(nodes: list[Node], reads: list[int], vals: list, consts: dict, out: int):
+    """Evaluate ``nodes`` (from :func:`between`) on the values of ``reads``; the value of ``out``."""
+    env = dict(consts)
+    env.update(zip(reads, vals, strict=True))
+    for node in nodes:
+        ans = _bind(node, [env[v] for v in node.ins])
+        if node.prim.multiple_results:
+            env.update(zip(node.outs, ans, strict=False))
+        else:
+            env[node.outs[0]] = ans
+    return env[out]
+
+
 def run_ir(ir: IR, args: list, replace: dict[int, tuple[list[int], Callable]]) -> list:
     """Evaluate ``ir`` on ``args``; ``replace[vid] = (inputs, f)`` computes ``vid`` as ``f(*inputs)``."""
     need = set(ir.outputs)
@@ -225,14 +269,7 @@ def run_ir(ir: IR, args: list, replace: dict[int, tuple[list[int], Callable]]) -
                     ins, f = replace[o]
                     env[o] = f(*[env[v] for v in ins])
             continue
-        subfuns, params = bind_params(node)
-        invals = [env[v] for v in node.ins]
-        manager = getattr(node.ctx, "manager", None)
-        if manager is not None:
-            with manager:
-                ans = node.prim.bind(*subfuns, *invals, **params)
-        else:
-            ans = node.prim.bind(*subfuns, *invals, **params)
+        ans = _bind(node, [env[v] for v in node.ins])
         if node.prim.multiple_results:
             env.update(zip(node.outs, ans, strict=False))
         else:

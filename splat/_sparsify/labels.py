@@ -56,9 +56,12 @@ def reshape_labels(
         return None
     seq = [a for lab in labels for a in atoms(lab)]
     out, pos = [], 0
-    for n in out_shape:
+    for o, n in enumerate(out_shape):
         group, prod = [], 1
-        while pos < len(seq) and (prod < n or size(seq[pos]) == 1):
+        # a size-1 atom goes to the next axis when that one has size 1 too (a one-token query
+        # axis stays its own, not merged into the batch axis before it)
+        nxt1 = o + 1 < len(out_shape) and out_shape[o + 1] == 1
+        while pos < len(seq) and (prod < n or (size(seq[pos]) == 1 and not (nxt1 and group))):
             if n == 1 and size(seq[pos]) != 1:
                 break
             group.append(seq[pos])

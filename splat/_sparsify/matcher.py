@@ -24,9 +24,10 @@ import numpy as np
 from splat import masks
 from splat._analyzer import analyze
 from splat._sparsify import labels as lab_ops
+from splat._sparsify import positions
 from splat._sparsify import runtime as rt_ops
 from splat._sparsify.call import Arrangement, attention_call
-from splat._sparsify.ir import IR, Node
+from splat._sparsify.ir import IR, Node, between
 from splat._sparsify.numeric import NEG_THRESHOLD, NotSparsifiable, Slices
 from splat._sparsify.predicate import split_predicate
 from splat._sparsify.softmax import Softmax, match_softmax, post_mask, row_stat
@@ -337,6 +338,31 @@ def match_pv(ir: IR, sl: Slices, pv: Node, backend: str, empty_rows: str = "fall
     if division is not None:
         out_labels, out_vid = _divided_labels(ir, division, out_labels, labels, size)
 
+    # masks taken at positions computed from the inputs: those leaves become constant masks in
+    # position coordinates, and the positions runtime arguments
+    index_axes = set()  # atoms the constant terms written on indices vary along
+    for _, vid, _, lab in mask_terms:
+        if len(ir.shape(vid)) == len(lab):
+            index_axes |= {a for x in (lab[d] for d in sl.deps(vid)) for a in lab_ops.atoms(x)}
+    pos = positions.find(
+        ir,
+        sl,
+        [leaf for leaf in runtime_leaves if _not_ids(ir, leaf)],
+        set(range(nb)),
+        q_free,
+        kv,
+        size,
+    )
+    if pos is not None:
+        sl = pos.slices
+        leaves, runtime_leaves = runtime_leaves, []
+        for leaf in leaves:
+            static, dynamic = split_predicate(
+                ir, sl, leaf.vid, leaf.labels, leaf.negate, size, test=leaf.test
+            )
+            mask_terms += [mask_term(x) for x in static]
+            runtime_leaves += dynamic
+
     # which query-free axis is the sequence axis? the one the masks vary along
     mask_axes: set = set()
     todo, mask_terms = mask_terms, []
@@ -368,14 +394,20 @@ def match_pv(ir: IR, sl: Slices, pv: Node, backend: str, empty_rows: str = "fall
     seq = [lab for lab in q_free if lab in mask_axes]
     if len(seq) > 1:
         raise NotSparsifiable("the attention mask varies along two query axes")
+    if not seq and pos is not None and pos.q is not None:  # a one-token query at a position
+        seq = [a for x in pos.q[1] for a in lab_ops.atoms(x) if a in q_free]
     if not seq:
-        seq = [lab for lab in q_free if qk_shape[lab] == qk_shape[kv]] if len(q_free) > 1 else q_free
-        if len(seq) != 1:
-            raise NotSparsifiable("cannot tell which axis of the queries is the sequence axis")
+        seq = _sequence_axis(ir, runtime_leaves, q_free, kv, qk_shape)
     t = seq[0]
     q_len, kv_len = qk_shape[t], qk_shape[kv]
+    # positions and indices meet only where they are equal: checked at run time (``mixed``)
+    mixed = pos is not None and (
+        pos.mixed or (pos.q is not None and t in index_axes) or (pos.kv is not None and kv in index_axes)
+    )
+    at_positions = pos is not None and not mixed
+    rows = kv_len if at_positions else q_len  # positions index rows of the (Skv, Skv) mask
 
-    mask = make_mask(sl, mask_terms, t, kv, q_len, kv_len) if mask_terms else masks.full()
+    mask = make_mask(sl, mask_terms, t, kv, rows, kv_len) if mask_terms else masks.full()
     # Keras's Softmax(mask) masks the probabilities again: exact when it is the same mask, and
     # then a fully masked row is 0 in the dense function too (select; mul unless a fill is -inf)
     zero_rows = False
@@ -384,7 +416,7 @@ def match_pv(ir: IR, sl: Slices, pv: Node, backend: str, empty_rows: str = "fall
         same = same_post_mask(ir, sl, post, pre_leaves, mask, (t, kv, q_len, kv_len), size, others)
         zero_rows = same and (all(info[2] is None for info, _ in post) or all(np.isfinite(f) for f in fills))
     try:
-        layout = analyze(mask, q_len, kv_len)  # evaluates (and caches) the layout now: errors surface here
+        layout = analyze(mask, rows, kv_len)  # evaluates (and caches) the layout now: errors surface here
     except NotSparsifiable:
         raise
     except Exception as e:  # a mask splat cannot analyse: report, do not crash the user's model
@@ -412,7 +444,19 @@ def match_pv(ir: IR, sl: Slices, pv: Node, backend: str, empty_rows: str = "fall
         )
     group = [lab for lab in q_free if lab != t]
     arrangement = Arrangement(q_lab, k_lab, v_lab, out_labels, batch, heads, group, t, kv, sizes)
-    run = attention_call(arrangement, layout, scale, cap, runtime, backend, ir.avals[out_vid].dtype)
+    guard = _Guard(pos, True, *between(ir, {q_vid, k_vid}, out_vid), out_vid) if mixed else None
+    run = attention_call(
+        arrangement,
+        layout,
+        scale,
+        cap,
+        runtime,
+        backend,
+        ir.avals[out_vid].dtype,
+        positions=pos,
+        guard=guard,
+        consts={**ir.consts, **ir.outer},
+    )
     found = Found(
         mask=mask,
         q_len=q_len,
@@ -420,9 +464,50 @@ def match_pv(ir: IR, sl: Slices, pv: Node, backend: str, empty_rows: str = "fall
         scale=float(scale),
         heads=(int(np.prod([sizes[h] for h in heads])), int(np.prod([sizes[g] for g in group]))),
         soft_cap=None if cap is None else float(cap),
-        runtime=runtime.describe(),
+        runtime=runtime.describe()
+        + (() if pos is None else ("positions",) if at_positions else ("positions=indices",)),
     )
-    return Match(out_vid, q_vid, k_vid, v_vid, run, found, tuple(runtime.vids))
+    extra = tuple(runtime.vids) + tuple(pos.vids if pos is not None else ())
+    if guard is not None:
+        extra += tuple(v for v in guard.reads if v not in ir.consts and v not in ir.outer)
+    return Match(out_vid, q_vid, k_vid, v_vid, run, found, extra)
+
+
+@dataclass(frozen=True)
+class _Guard:
+    """Positions of one attention; ``mixed``: also index terms, so the call checks at run time
+    that positions equal indices and otherwise runs ``nodes`` (the original dense attention,
+    reading ``reads``)."""
+
+    positions: Any
+    mixed: bool
+    nodes: list
+    reads: list
+    out: int
+
+
+def _not_ids(ir: IR, leaf) -> bool:
+    """Whether a mask leaf is other than an equality of two arrays (segment ids, see
+    ``runtime.classify``): equal ids are no positions."""
+    node = ir.node_of(leaf.vid)
+    return not (leaf.test is None and node is not None and node.prim.name == ("ne" if leaf.negate else "eq"))
+
+
+def _sequence_axis(ir: IR, leaves, q_free, kv, qk_shape) -> list:
+    """The query axis when no constant mask term tells it: the one a runtime term varies along,
+    else the one as long as the keys, else the longest. A mask that varies along no query axis is
+    the same for every query, so any query axis gives the same attention."""
+    if len(q_free) == 1:
+        return list(q_free)
+    along = {a for leaf in leaves for x in leaf.labels for a in lab_ops.atoms(x) if a in q_free}
+    if len(along) == 1:
+        return list(along)
+    if len(along) > 1:
+        raise NotSparsifiable("the attention mask varies along two query axes")
+    same = [lab for lab in q_free if qk_shape[lab] == qk_shape[kv]]
+    if len(same) == 1:
+        return same
+    return [max(q_free, key=lambda lab: qk_shape[lab])]
 
 
 def _divided_labels(ir: IR, division, out_labels: list, x_labels: list, size) -> tuple[list, int]:

@@ -10,6 +10,7 @@ gathered, elementwise ops run in numpy). Primitives it does not know are evaluat
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 from collections.abc import Callable
@@ -147,10 +148,21 @@ def operand_idx(idx: tuple, shape, operand_shape) -> tuple:
 
 
 class Slices:
-    """Questions about constant sub-graphs of an IR: independence, dependence axes, values."""
+    """Questions about constant sub-graphs of an IR: independence, dependence axes, values.
 
-    def __init__(self, ir: IR):
+    ``index_of``: value id -> ``(axis, side)``, side "q", "k" or "qk" (one array for both, read
+    along its axis). Such a value is read as the
+    query (key) index, like an ``iota`` along that axis: a position array computed from the
+    inputs (``cumsum(mask) - 1``, a cache's ``cache_index + i``) stands for the index, so that a
+    mask built on positions is a constant mask *at* those positions (see ``positions``). While a
+    mask is evaluated on a grid (:meth:`at_grid`), it reads the grid's query (key) indices
+    directly: a one-token query's axis has size 1, and shape ops would read index 0 there.
+    """
+
+    def __init__(self, ir: IR, index_of: dict[int, tuple[int, str]] | None = None):
         self.ir = ir
+        self.index_of: dict[int, tuple[int, str]] = dict(index_of or {})
+        self.grid: tuple | None = None
         self._indep: dict[int, bool] = {}
         self._deps: dict[int, frozenset] = {}
         self._dense: dict[int, np.ndarray] = {}
@@ -174,6 +186,9 @@ class Slices:
             v, ready = stack.pop()
             if v in self._indep:
                 continue
+            if v in self.index_of:
+                self._indep[v] = True
+                continue
             node = ir.node_of(v)
             if node is None:  # a function input, or a constant (a tracer of an enclosing trace is not)
                 self._indep[v] = v in ir.consts and not isinstance(ir.consts[v], jax.core.Tracer)
@@ -195,7 +210,10 @@ class Slices:
         shape = ir.shape(vid)
         c = self.constant(vid)
         node = ir.node_of(vid)
-        if c is not None:
+        if vid in self.index_of:
+            a = self.index_of[vid][0]
+            d = frozenset([a]) if shape[a] > 1 else frozenset()
+        elif c is not None:
             d = frozenset(a for a in range(c.ndim) if c.shape[a] > 1 and np.any(np.take(c, [0], axis=a) != c))
         elif node is None:  # an input or an outer tracer: may vary along every axis
             d = frozenset(a for a, n in enumerate(shape) if n > 1)
@@ -259,6 +277,15 @@ class Slices:
         else:
             self._dense[vid] = np.asarray(ans)
 
+    @contextlib.contextmanager
+    def at_grid(self, i, j):
+        """Evaluate with the position arrays reading query indices ``i`` and key indices ``j``."""
+        prev, self.grid = self.grid, (np.asarray(i), np.asarray(j))
+        try:
+            yield
+        finally:
+            self.grid = prev
+
     def full(self, vid: int) -> np.ndarray:
         """The whole value of ``vid`` (small values only: used to evaluate unknown primitives)."""
         shape = self.ir.shape(vid)
@@ -279,6 +306,10 @@ class Slices:
     def _value(self, vid, idx, memo):
         ir = self.ir
         shape = ir.shape(vid)
+        if vid in self.index_of:
+            a, side = self.index_of[vid]
+            x = idx[a] if self.grid is None or side == "qk" else self.grid[0 if side == "q" else 1]
+            return np.asarray(x).astype(ir.avals[vid].dtype)
         c = self.constant(vid)
         if c is not None:
             if c.ndim == 0:
@@ -325,7 +356,9 @@ class Slices:
             return self._fp[vid]
         ir = self.ir
         c = self.constant(vid) if ir.node_of(vid) is None else None
-        if c is not None:
+        if vid in self.index_of:  # a position array: an index, whatever computed it
+            fp = f"index({self.index_of[vid][1]},{ir.avals[vid].dtype})"
+        elif c is not None:
             h = hashlib.blake2b(np.ascontiguousarray(c).tobytes(), digest_size=12).hexdigest()
             fp = f"c({c.dtype},{c.shape},{h})"
         elif ir.node_of(vid) is None:  # an input, or an opaque outer tracer: only itself

@@ -37,7 +37,7 @@ from splat._sparsify.ir import IR
 from splat._sparsify.numeric import NotSparsifiable, Slices
 from splat._sparsify.predicate import STRIP, Leaf, split_predicate
 
-__all__ = ["Leaf", "Runtime", "classify", "segment_arrays", "split_predicate"]
+__all__ = ["Leaf", "Runtime", "classify", "gather_rows", "key_valid", "segment_arrays", "split_predicate"]
 
 # a leaf's test (see ``predicate.Leaf``), applied to the traced array at run time
 _TESTS = {
@@ -187,7 +187,7 @@ def classify(
     return Runtime(tuple(kv_valid), tuple(q_valid), ids[0] if ids else None)
 
 
-def _gather(x, labels: Sequence, order: Sequence, sizes: dict):
+def gather_rows(x, labels: Sequence, order: Sequence, sizes: dict):
     """``x`` (axes ``labels``; every axis of length > 1 is in ``order``) as ``[prod(batch), n]``."""
     keep = [a for a, n in enumerate(x.shape) if n > 1]
     x = jnp.reshape(x, [x.shape[a] for a in keep])
@@ -198,6 +198,19 @@ def _gather(x, labels: Sequence, order: Sequence, sizes: dict):
             x = jnp.expand_dims(x, i)
     x = jnp.broadcast_to(x, [sizes[o] for o in order])
     return x.reshape(-1, sizes[order[-1]])
+
+
+def key_valid(rt: Runtime, vals: Sequence, batch: Sequence, t, kv, sizes: dict):
+    """``[B, Skv]`` bool: the keys the padding terms let be seen, or None without key terms."""
+    out = None
+    for term, x in zip(rt.kv_valid, vals, strict=False):
+        x = gather_rows(x, term[1], list(batch) + [kv], sizes)
+        if len(term) > 3:
+            x = _TESTS[term[3][0]](x, term[3][1])
+        x = x.astype(bool)
+        x = ~x if term[2] else x
+        out = x if out is None else out & x
+    return out
 
 
 def segment_arrays(rt: Runtime, vals: Sequence, batch: Sequence, t, kv, sizes: dict):
@@ -211,7 +224,7 @@ def segment_arrays(rt: Runtime, vals: Sequence, batch: Sequence, t, kv, sizes: d
         out = None
         for term in terms:
             lab, neg = term[1], term[2]
-            x = _gather(next(it), lab, list(batch) + [seq], sizes)
+            x = gather_rows(next(it), lab, list(batch) + [seq], sizes)
             if len(term) > 3:  # (op, c): e.g. an integer padding mask read as `mask > 0`
                 x = _TESTS[term[3][0]](x, term[3][1])
             x = x.astype(bool)
@@ -223,8 +236,8 @@ def segment_arrays(rt: Runtime, vals: Sequence, batch: Sequence, t, kv, sizes: d
     b = int(np.prod([sizes[x] for x in batch]))
     if rt.ids is not None:
         (_, q_lab), (_, kv_lab) = rt.ids
-        q_ids = _gather(next(it), q_lab, list(batch) + [t], sizes).astype(jnp.int32)
-        kv_ids = _gather(next(it), kv_lab, list(batch) + [kv], sizes).astype(jnp.int32)
+        q_ids = gather_rows(next(it), q_lab, list(batch) + [t], sizes).astype(jnp.int32)
+        kv_ids = gather_rows(next(it), kv_lab, list(batch) + [kv], sizes).astype(jnp.int32)
         if kv_ok is None and q_ok is None:
             return q_ids, kv_ids
         q_ids, kv_ids = 2 * q_ids, 2 * kv_ids  # even: ids; odd, above them all: padding

@@ -209,7 +209,8 @@ class Symbolic:
         return out
 
     def numeric(self, vid: int, idx: tuple, i, j, memo: dict):
-        return np.asarray(self.sl.value(vid, tuple(np.asarray(f.at(i, j)) for f in idx), memo))
+        with self.sl.at_grid(i, j):
+            return np.asarray(self.sl.value(vid, tuple(np.asarray(f.at(i, j)) for f in idx), memo))
 
     def line_values(self, v: Line, memo: dict | None = None) -> tuple[str, np.ndarray]:
         """(direction name, value at every t of the grid) of a line function."""
@@ -241,6 +242,10 @@ class Symbolic:
         sl, ir = self.sl, self.sl.ir
         shape = ir.shape(vid)
         dtype = np.dtype(ir.avals[vid].dtype)
+        if vid in sl.index_of:  # a position array: the query (key) index, whatever its shape
+            a, side = sl.index_of[vid]
+            form = idx[a] if side == "qk" else Form(1, 0, 0) if side == "q" else Form(0, 1, 0)
+            return self._aff(form, dtype, vid, idx, [Aff(form)])
         node = ir.node_of(vid)
         if node is None and isinstance(ir.consts.get(vid), jax.core.Tracer):
             raise Opaque
@@ -279,6 +284,8 @@ class Symbolic:
             return self._aff(idx[p["dimension"]], dtype, vid, idx, [Aff(idx[p["dimension"]])])
         if name == "convert_element_type":
             return self._convert(vid, idx, same(ins[0]), np.dtype(ir.avals[ins[0]].dtype), dtype)
+        if name in ("copy", "copy_p", "stop_gradient", "optimization_barrier") and len(ins) == 1:
+            return same(ins[0])  # identities (vectorised code copies its operands)
         if name not in ELEMENTWISE and name not in EXTRA_ELEMENTWISE:
             raise Opaque
         args = [same(u) for u in ins]

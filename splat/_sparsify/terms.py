@@ -51,10 +51,11 @@ def make_mask(sl: Slices, terms, t, kv, q_len: int, kv_len: int) -> masks.Mask:
         q_idx, kv_idx = np.asarray(q_idx), np.asarray(kv_idx)
         memo: dict = {}
         out = np.ones(np.broadcast_shapes(q_idx.shape, kv_idx.shape), dtype=bool)
-        for kind, vid, negate, roles in parts:
-            idx = tuple(q_idx if r == "q" else kv_idx if r == "k" else 0 for r in roles)
-            keep = kept(sl.value(vid, idx, memo), kind)
-            out &= ~keep if negate else keep
+        with sl.at_grid(q_idx, kv_idx):
+            for kind, vid, negate, roles in parts:
+                idx = tuple(q_idx if r == "q" else kv_idx if r == "k" else 0 for r in roles)
+                keep = kept(sl.value(vid, idx, memo), kind)
+                out &= ~keep if negate else keep
         return out
 
     _MASK_CACHE[key] = mask = masks.from_fn(predicate)

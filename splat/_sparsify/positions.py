@@ -1,0 +1,251 @@
+"""Masks taken at positions computed from the inputs -> ``splat.attention``'s runtime positions.
+
+Model code often builds its mask on *positions*, not on indices: Gemma's ``cumsum(mask) - 1``,
+penzai's ``token_positions`` side input, a KV cache's ``cache_index + i``. The predicate is then a
+constant function of the positions -- ``q_pos[b, i] >= kv_pos[b, j]`` is causal taken at
+``(q_pos, kv_pos)`` -- but it depends on the inputs, so it is neither a constant mask nor padding.
+
+:func:`find` looks for the *position arrays* of such mask leaves: walking down from a leaf that
+involves both the query and the key axis, an input-dependent value that varies along batch axes
+and one sequence axis only (the query axis ``t``, or the key axis) is a position array of that
+side. The walk goes through elementwise ops with one input-dependent operand (``p - w`` is read
+as a function of ``p``) and shape ops, while the operand still carries the sequence axis; it
+stops where two input-dependent values meet (``cumsum(m) - (cumsum(m) >= 1)``), at any other
+primitive, or where the sequence axis comes from a constant (``iota + cache_index`` is itself
+the query position). Each position array is then read as the index of its sequence axis
+(``Slices.index_of``), which makes the leaf a constant mask in position coordinates; at run time
+the arrays' values are passed as ``q_positions`` / ``kv_positions``.
+
+Rules:
+
+- one position array per side (the same array may serve both sides, as Gemma's does);
+- a position array must be integer (or float; its values are cast to int32 at run time) and may
+  not vary across heads;
+- where other constant mask terms are written on *indices* along a side that has positions
+  (Gemma ANDs a causal mask on indices with a window on positions), the two agree only where
+  the positions equal the indices: :class:`Positions` then says ``mixed`` and the call checks
+  that at run time, running the original dense attention where it does not hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from splat._sparsify import labels as lab_ops
+from splat._sparsify.ir import IR
+from splat._sparsify.numeric import NotSparsifiable, Slices
+from splat._sparsify.predicate import STRIP, Leaf
+
+__all__ = ["Positions", "find"]
+
+# positions are compared, after a shift or a scale: ``p - w < j``, ``p >= 0``
+_ARITH = ("add", "sub", "mul", "neg", "convert_element_type", "copy", "copy_p")
+_LOGIC = ("and", "or", "not", "copy", "copy_p")
+_COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
+
+
+@dataclass(frozen=True)
+class Positions:
+    """The position arrays of one attention's mask.
+
+    ``q``/``kv``: ``(vid, labels)`` of the query / key position array, or None (that side's
+    positions are its indices); ``slices``: the :class:`Slices` that reads them as indices;
+    ``mixed``: a side with a position array is also compared by its indices in some leaf.
+    """
+
+    q: tuple | None
+    kv: tuple | None
+    slices: Slices
+    mixed: bool = False
+
+    @property
+    def vids(self) -> list[int]:
+        return [x[0] for x in (self.q, self.kv) if x is not None]
+
+
+def _atoms(lab: Sequence) -> set:
+    return {a for x in lab for a in lab_ops.atoms(x)}
+
+
+def _operand_labels(ir: IR, u: int, out: int, lab: tuple) -> tuple:
+    ushape, shape = ir.shape(u), ir.shape(out)
+    if len(ushape) != len(shape):
+        return (None,) * len(ushape)
+    return tuple(x if ushape[a] == shape[a] else None for a, x in enumerate(lab))
+
+
+def find(
+    ir: IR,
+    sl: Slices,
+    leaves: list[Leaf],
+    batch: set,
+    q_free: Sequence,
+    kv,
+    size: Callable[[int], int],
+) -> Positions | None:
+    """The position arrays of the input-dependent ``leaves``, or None when they use none.
+
+    ``batch``: the score atoms shared by queries and keys (batch and heads); ``q_free``: the
+    query-only atoms (the query axis among them); ``kv``: the key atom.
+
+    Raises:
+      NotSparsifiable: positions that splat cannot take (two arrays on one side, positions that
+        vary across heads, ...).
+    """
+    q_free = set(q_free)
+    found: dict[str, set] = {"q": set(), "kv": set()}
+    local: dict = {"q": set(), "kv": set(), "q_index": False, "kv_index": False}
+    index_used = {"q": False, "kv": False}
+
+    def side(lab) -> str | None:
+        at = _atoms(lab)
+        if at & q_free and kv not in at:
+            return "q"
+        if kv in at and not at & q_free:
+            return "kv"
+        return None
+
+    def walk(v: int, lab: tuple, arith: bool, depth: int = 0) -> None:
+        """``arith``: ``v`` is a number under a comparison (else a boolean of the predicate)."""
+        if depth > 64:
+            return
+        if sl.independent(v):
+            if arith:  # an index compared with positions: which sides it reads
+                at = {lab[a] for a in sl.deps(v) if a < len(lab)}
+                at = {x for y in at for x in lab_ops.atoms(y)}
+                local["q_index"] |= bool(at & q_free)
+                local["kv_index"] |= kv in at
+            return
+        node = ir.node_of(v)
+        s = side(lab)
+        if s is None and arith and not _atoms(lab) & (q_free | {kv}) and _query_index(ir, sl, v):
+            # an index plus a value of the inputs along no sequence axis: a one-token query's
+            # position (``arange(1) + cache_index``), its axis of size 1 unlabelled by now
+            local["q"].add((v, lab))
+            return
+        if s is not None and not arith and not (node is not None and node.prim.name in _COMPARE):
+            return  # a one-sided boolean: padding, not a position
+        if s is not None and arith:
+            seq = (q_free if s == "q" else {kv}) & _atoms(lab)
+            if node is not None and (node.prim.name in STRIP or node.prim.name in _ARITH):
+                dyn = [u for u in node.ins if not sl.independent(u)]
+                if len(dyn) == 1:
+                    u = dyn[0]
+                    if node.prim.name in STRIP:
+                        back = lab_ops.backward(ir, node, lab, size)
+                        ulab = None if back is None else tuple(back)
+                    else:
+                        ulab = _operand_labels(ir, u, v, lab)
+                    if ulab is not None and seq & _atoms(ulab):
+                        walk(u, ulab, True, depth + 1)
+                        return
+            local[s].add((v, lab))
+            return
+        if node is None:
+            return
+        name = node.prim.name
+        if name in STRIP or (name == "convert_element_type" and not arith):
+            back = lab_ops.backward(ir, node, lab, size) if name in STRIP else list(lab)
+            if back is not None:
+                walk(node.ins[0], tuple(back), arith, depth + 1)
+            return
+        if arith and name in _ARITH:
+            go = True
+        elif not arith and name in _LOGIC:
+            go = True
+        elif not arith and name in _COMPARE:
+            arith, go = True, True
+        else:
+            go = False
+        if go:
+            for u in node.ins:
+                walk(u, _operand_labels(ir, u, v, lab), arith, depth + 1)
+
+    for leaf in leaves:
+        local.update(q=set(), kv=set(), q_index=False, kv_index=False)
+        walk(leaf.vid, tuple(leaf.labels), leaf.test is not None)
+        # whole numbers only: integers, or floats made of integers and iota (Keras's
+        # ``arange(n, dtype=float) + cache_index``); values of q or k are no positions
+        for x in ("q", "kv"):
+            local[x] = {(v, lab) for v, lab in local[x] if _integral(ir, sl, v)}
+        # a position leaf places the query: a key-only term (``kv_pos >= 0``, an integer padding
+        # mask under ``> 0``) is padding, whatever its values
+        if local["q"] and (local["kv"] or kv in _atoms(leaf.labels)):
+            found["q"] |= local["q"]
+            found["kv"] |= local["kv"]
+            index_used["q"] |= local["q_index"]
+            index_used["kv"] |= local["kv_index"]
+    if not found["q"] and not found["kv"]:
+        return None
+    index_of: dict[int, tuple[int, str]] = {}
+    chosen: dict[str, tuple | None] = {"q": None, "kv": None}
+    for s in ("q", "kv"):
+        srcs = found[s]
+        vids = {v for v, _ in srcs}
+        if len(vids) > 1:
+            raise NotSparsifiable(
+                f"the attention mask compares {'query' if s == 'q' else 'key'} positions from "
+                f"{len(vids)} different arrays computed from the inputs; splat takes one array of "
+                "positions per side"
+            )
+        if not srcs:
+            continue
+        v, lab = min(srcs, key=lambda x: len(x[1]))
+        at = _atoms(lab)
+        if at - batch - q_free - {kv}:
+            raise NotSparsifiable("the attention mask's positions vary along an axis of the heads")
+        seq = q_free if s == "q" else {kv}
+        axes = [a for a, x in enumerate(lab) if set(lab_ops.atoms(x)) & seq]
+        if not axes and s == "q":  # a one-token query: the position is the same along any axis
+            index_of[v] = (0, "q")
+            chosen[s] = (v, lab)
+            continue
+        if len(axes) != 1 or len(lab_ops.atoms(lab[axes[0]])) != 1:
+            raise NotSparsifiable("the attention mask's positions vary along two query axes")
+        if v in index_of:  # one array of positions for both sides: read as the index of each
+            if index_of[v][0] != axes[0]:
+                raise NotSparsifiable("one position array is read along two different axes")
+            index_of[v] = (axes[0], "qk")  # read along its axis (a size-1 axis would read 0)
+            chosen[s] = (v, lab)
+            continue
+        index_of[v] = (axes[0], "q" if s == "q" else "k")
+        chosen[s] = (v, lab)
+    # a leaf comparing positions with the other side's *indices* (``arange(S) <= q_pos``) next to
+    # one with that side's positions: the two meet only where positions equal indices
+    mixed = (index_used["q"] and chosen["q"] is not None) or (index_used["kv"] and chosen["kv"] is not None)
+    return Positions(chosen["q"], chosen["kv"], Slices(ir, index_of), mixed)
+
+
+def _integral(ir: IR, sl: Slices, v: int, depth: int = 0) -> bool:
+    """Whether ``v`` holds whole numbers by construction (exactly, as far as its dtype goes)."""
+    dt = np.dtype(ir.avals[v].dtype)
+    if dt.kind in "iu":
+        return True
+    if dt.kind != "f" or depth > 32:
+        return False
+    node = ir.node_of(v)
+    if node is None:
+        c = sl.constant(v)
+        return c is not None and bool(np.all(np.asarray(c) == np.round(np.asarray(c))))
+    name = node.prim.name
+    if name == "iota":
+        return True
+    if name in STRIP or name in ("add", "sub", "neg", "mul", "convert_element_type", "copy", "copy_p"):
+        return all(_integral(ir, sl, u, depth + 1) for u in node.ins)
+    return False
+
+
+def _query_index(ir: IR, sl: Slices, v: int, depth: int = 0) -> bool:
+    """Whether ``v`` is an ``iota`` shifted by values of the inputs (through adds and casts)."""
+    node = ir.node_of(v)
+    if node is None or depth > 32:
+        return False
+    name = node.prim.name
+    if name == "iota":
+        return True
+    if name in ("add", "sub") or name in STRIP or name in ("convert_element_type", "copy", "copy_p"):
+        return any(_query_index(ir, sl, u, depth + 1) for u in node.ins) and not sl.independent(v)
+    return False

@@ -1,0 +1,162 @@
+"""splat.sparsify on masks taken at positions computed from the inputs (issue 39, cause 4).
+
+Minimal reproductions of the forms model code writes, with no library imported: penzai passes
+query and key positions as side inputs (``q_pos >= kv_pos`` and ``kv_pos >= 0``, a KV cache
+decoding at a position known only at run time); Keras's cache mask is ``arange(n, dtype=float)
++ cache_index >= arange(S)``; Gemma ANDs a causal mask on indices with a window on positions
+``cumsum(valid) - 1``. Each becomes a constant mask (recognised by its constructor) taken at the
+positions, which reach ``splat.attention`` as ``q_positions`` / ``kv_positions``; outputs and
+gradients equal the unmodified function's (float32, 1e-5), decode steps included.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import splat
+from splat import masks
+from splat._sparsify import sparsify
+
+B, H, HK, D, S, WIN = 2, 4, 2, 8, 32, 6
+TOL = {"rtol": 1e-5, "atol": 1e-5}
+FILL = -2.3819763e38
+
+
+def _qkv(rng, t=S, s=S):
+    q = jnp.asarray(rng.standard_normal((B, t, H, D)), jnp.float32)
+    k, v = (jnp.asarray(rng.standard_normal((B, s, HK, D)), jnp.float32) for _ in range(2))
+    return q, k, v
+
+
+def _gqa(q, k, v, mask):
+    """Gemma's grouped 5-D einsums; ``mask [B, T, S]`` (True = attend)."""
+    b, t, h, d = q.shape
+    qg = q.reshape(b, t, HK, h // HK, d)
+    s = jnp.einsum("BTKGH,BSKH->BTKGS", qg, k) * d**-0.5
+    s = jnp.where(mask[:, :, None, None, :], s, FILL)
+    p = jax.nn.softmax(s, axis=-1)
+    return jnp.einsum("BTKGS,BSKH->BTKGH", p, v).reshape(b, t, h, d)
+
+
+def _substituted(fn, args, mask, runtime, decode):
+    """One attention found, with ``mask`` and ``runtime``; output and gradients equal ``fn``'s; the
+    call record says splat ran (a decode step when ``decode``)."""
+    sf = sparsify(fn, backend="jax")
+    assert sf.problems(*args) == []
+    (found,) = sf.inspect(*args)
+    assert found.mask == mask and found.runtime == runtime, found
+    with warnings.catch_warnings(), splat.call_log() as log:
+        warnings.simplefilter("error")
+        out = jax.jit(sf)(*args)
+    assert [(r.outcome, r.decode, r.replaced) for r in log] == [("splat", decode, 1)]
+    np.testing.assert_allclose(np.asarray(out), np.asarray(fn(*args)), **TOL)
+    w = jnp.asarray(np.random.default_rng(1).standard_normal(out.shape), jnp.float32)
+    ga = jax.grad(lambda *a: (sf(*a) * w).sum(), argnums=(0, 1, 2))(*args)
+    gb = jax.grad(lambda *a: (fn(*a) * w).sum(), argnums=(0, 1, 2))(*args)
+    for x, y in zip(ga, gb, strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), **TOL)
+
+
+def side_input_positions(q, k, v, q_pos, kv_pos):
+    """penzai: the mask compares the positions it is given; a negative key position is padding."""
+    keep = (q_pos[:, :, None] >= kv_pos[:, None, :]) & (q_pos[:, :, None] - kv_pos[:, None, :] < WIN)
+    return _gqa(q, k, v, keep & (kv_pos[:, None, :] >= 0))
+
+
+@pytest.mark.parametrize("t", [8, 1], ids=["chunk", "one_token"])
+def test_side_input_positions_decode_at_run_time_rows(rng, t):
+    """A cache of S slots filled up to ``end``; the new queries sit at ``end + [0, t)``."""
+    q, k, v = _qkv(rng, t=t)
+    end = 13
+    kv_pos = jnp.where(jnp.arange(S) < end + t, jnp.arange(S), -1)[None].repeat(B, 0)
+    q_pos = (end + jnp.arange(t))[None].repeat(B, 0)
+    _substituted(
+        side_input_positions, (q, k, v, q_pos, kv_pos), masks.sliding_window(WIN - 1, 0), ("positions",), True
+    )
+
+
+def test_left_padded_positions_move_the_keys(rng):
+    """Left padding: positions start after the padding, keys are gathered to their positions."""
+    q, k, v = _qkv(rng)
+    pad = jnp.asarray([[3], [0]])
+    pos = jnp.arange(S)[None] - pad
+    kv_pos = jnp.where(pos >= 0, pos, -1)
+    q_pos = jnp.maximum(pos, 0)
+    _substituted(
+        side_input_positions, (q, k, v, q_pos, kv_pos), masks.sliding_window(WIN - 1, 0), ("positions",), True
+    )
+
+
+def keras_cache(q, k, v, cache_index):
+    """Keras's compute_causal_mask: float aranges, the query's shifted by the cache index."""
+    i = jnp.arange(q.shape[1], dtype=jnp.float32) + cache_index.astype(jnp.float32)
+    j = jnp.arange(k.shape[1], dtype=jnp.float32)
+    mask = (i[:, None] >= j[None, :])[None].repeat(q.shape[0], 0)
+    return _gqa(q, k, v, mask)
+
+
+@pytest.mark.parametrize("t", [4, 1])
+def test_cache_index_is_a_query_position(rng, t):
+    q, k, v = _qkv(rng, t=t)
+    _substituted(keras_cache, (q, k, v, jnp.asarray(9, jnp.int32)), masks.causal(), ("positions",), True)
+
+
+def positions_window(q, k, v, tokens):
+    """Gemma's local layers: causal on indices AND a window on positions cumsum(valid) - 1."""
+    valid = tokens != 0
+    pos = jnp.cumsum(valid, axis=-1) - 1
+    window = (pos[:, None, :] > pos[:, :, None] - WIN) & (pos[:, None, :] < pos[:, :, None] + WIN)
+    i = jnp.arange(q.shape[1])
+    mask = valid[:, None, :] & (i[:, None] >= i[None, :])[None] & window
+    return _gqa(q, k, v, mask)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_positions_meeting_indices_are_checked_at_run_time(rng, padded):
+    """Positions and indices in one mask agree only where they are equal: splat runs where they
+    are (no padding), the original attention where they are not (a padded row), both exact."""
+    q, k, v = _qkv(rng)
+    tok = np.random.default_rng(4).integers(1, 50, (B, S))
+    if padded:
+        tok[1, 21:] = 0
+    _substituted(
+        positions_window,
+        (q, k, v, jnp.asarray(tok, jnp.int32)),
+        masks.sliding_window(WIN - 1, 0),  # causal AND the two-sided window
+        ("kv_padding", "positions=indices"),
+        False,
+    )
+
+
+def test_values_of_the_inputs_are_no_positions(rng):
+    """Comparing float values of q and k is not a mask on positions: it stays dense."""
+    q, k, v = _qkv(rng)
+
+    def from_values(q, k, v):
+        return _gqa(q, k, v, q[:, :, None, 0, 0] > k[:, None, :, 0, 0])
+
+    sf = sparsify(from_values)
+    assert sf.inspect(q, k, v) == []
+    assert "depends on the function's inputs" in sf.problems(q, k, v)[0]
+
+
+def test_attention_positions_argument_matches_dense(rng):
+    """splat.attention's q_positions / kv_positions against the dense mask taken at them."""
+    q, k, v = _qkv(rng, t=3, s=16)
+    qp = jnp.asarray([[7, 8, 9], [3, 4, -1]])
+    kp = jnp.stack([jnp.where(jnp.arange(16) >= 3, jnp.arange(16) - 3, -1), jnp.arange(16)])
+    got = splat.attention(q, k, v, masks.sliding_window(3, 0), q_positions=qp, kv_positions=kp, backend="jax")
+    m = (qp[:, :, None] >= kp[:, None, :]) & (qp[:, :, None] - kp[:, None, :] < 4)
+    m &= (kp[:, None, :] >= 0) & (qp[:, :, None] >= 0)
+    kr, vr = (jnp.repeat(x, H // HK, axis=2) for x in (k, v))
+    s = jnp.where(m[:, None], jnp.einsum("bqhd,bkhd->bhqk", q, kr) * D**-0.5, -jnp.inf)
+    p = jnp.nan_to_num(jax.nn.softmax(s, -1))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(jnp.einsum("bhqk,bkhd->bqhd", p, vr)), **TOL)
+    dup = kp.at[0, 5].set(4)  # two keys at one position: that batch row is NaN, the other exact
+    got = splat.attention(q, k, v, masks.causal(), q_positions=qp, kv_positions=dup, backend="jax")
+    assert np.isnan(np.asarray(got[0])).all() and np.isfinite(np.asarray(got[1])).all()
