@@ -15,7 +15,7 @@ from splat import (
     flax,  # noqa: E402  (imports flax itself only when used)
     masks,
 )
-from splat._analyzer import Report, analyze, report
+from splat._analyzer import HeadGroupsReport, Report, analyze, report
 from splat._attention import attention, sddmm, softmax, spmm
 from splat._buckets import bucket_length, pad_to_bucket
 from splat._call_log import CallRecord, call_counts, call_log
@@ -29,6 +29,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CallRecord",
+    "HeadGroupsReport",
     "Report",
     "SequenceAxis",
     "SparseAttentionFallbackWarning",

@@ -11,6 +11,7 @@ import numpy as np
 import acsr
 import jax_bindings
 from acsr import ACSR
+from splat import _per_head
 from splat import masks as _masks
 
 # tile shape the report rates layouts against (the fused kernels' usual row x key tile)
@@ -128,6 +129,41 @@ class Report:
         return self.to_string()
 
 
+@dataclass(frozen=True)
+class HeadGroupsReport:
+    """What the analyzer found in per-head masks: the heads that share a layout, one report per group.
+
+    ``groups[i] = (heads, report)``: ``heads`` index the mask sequence (query heads, or KV heads for
+    one mask per KV-head group); each group is one attention call (the kernels take one layout per
+    launch).
+    """
+
+    heads: int
+    groups: tuple[tuple[tuple[int, ...], Report], ...]
+
+    def to_string(self) -> str:
+        n = len(self.groups)
+        lines = [f"heads       {self.heads} masks, {n} distinct (one call per group)"]
+        for i, (heads, r) in enumerate(self.groups):
+            lines.append(f"group {i}     heads {_ranges(heads)}")
+            lines.extend("  " + line for line in r.to_string().splitlines())
+        return "\n".join(lines)
+
+    def __str__(self):
+        return self.to_string()
+
+
+def _ranges(heads: tuple[int, ...]) -> str:
+    """``(0, 1, 2, 5)`` -> ``"0-2, 5"``."""
+    parts, start = [], None
+    for i, h in enumerate(heads):
+        start = h if start is None else start
+        if i + 1 == len(heads) or heads[i + 1] != h + 1:
+            parts.append(str(h) if start == h else f"{start}-{h}")
+            start = None
+    return ", ".join(parts)
+
+
 def _tile_efficiency(layout: ACSR) -> float:
     """Useful fraction of the work over row-block x key-span tiles, segments in compressed key space."""
     bm, bn = _REPORT_TILE
@@ -144,18 +180,24 @@ def _tile_efficiency(layout: ACSR) -> float:
 
 def report(
     mask, q_len: int | None = None, kv_len: int | None = None, *, head_dim: int | None = None, dtype=None
-) -> Report:
+) -> Report | HeadGroupsReport:
     """A :class:`Report` of the layout splat builds for ``mask`` (arguments as :func:`analyze`).
 
     With ``head_dim`` and ``dtype`` (e.g. ``"bfloat16"``), the report also names
     the backend ``backend="auto"`` would pick for the fused attention on this
-    machine (:func:`jax_bindings.selected_backend`).
+    machine (:func:`jax_bindings.selected_backend`). Per-head masks (a list or
+    tuple of masks, or a boolean ``[H, q_len, kv_len]`` array, as
+    :func:`splat.attention` takes them) give a :class:`HeadGroupsReport`: the
+    heads that share a layout, and a report per group.
 
     Example:
       >>> import splat
       >>> splat.report(splat.masks.causal(), q_len=64, head_dim=32, dtype="float32").backend  # on a CPU
       'auto picks "jax" for the fused attention here (head dim 32, float32)'
     """
+    per_head = _per_head.head_masks(mask)
+    if per_head is not None:
+        return _head_groups(per_head, q_len, kv_len, head_dim, dtype)
     layout = analyze(mask, q_len, kv_len)
     backend = {}
     if head_dim is not None or dtype is not None:
@@ -195,6 +237,23 @@ def report(
         tile_efficiency=_tile_efficiency(layout),
         **backend,
     )
+
+
+def _head_groups(entries: tuple, q_len, kv_len, head_dim, dtype) -> HeadGroupsReport:
+    """:func:`report` of per-head masks: entries grouped by their layout, in order of first head."""
+    found: dict[ACSR, list[int]] = {}
+    for i, m in enumerate(entries):
+        if isinstance(m, (list, tuple)):
+            raise TypeError(f"mask[{i}] is a {type(m).__name__}: per-head masks do not nest")
+        try:
+            found.setdefault(analyze(m, q_len, kv_len), []).append(i)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"mask[{i}]: {e}") from e
+    groups = tuple(
+        (tuple(hs), report(entries[hs[0]], q_len, kv_len, head_dim=head_dim, dtype=dtype))
+        for hs in found.values()
+    )
+    return HeadGroupsReport(heads=len(entries), groups=groups)
 
 
 def _auto_backend(layout: ACSR, head_dim, dtype) -> str:

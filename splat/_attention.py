@@ -10,7 +10,7 @@ import numpy as np
 
 from acsr import ACSR
 from jax_bindings import _dispatch
-from splat import _runtime_args
+from splat import _per_head, _runtime_args
 
 _DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 _DTYPE_NAMES = "float32, bfloat16 or float16"
@@ -80,11 +80,11 @@ def _layout(mask, q_len: int, kv_len: int) -> ACSR:
         shape = tuple(mask.shape)
         if len(shape) > 2 and shape[-2:] == (q_len, kv_len) and any(n != 1 for n in shape[:-2]):
             raise ValueError(
-                f"mask array has shape {shape}: per-head and per-batch masks are not supported; splat "
+                f"mask array has shape {shape}: per-batch masks are not supported; splat "
                 f"takes one mask [q_len, kv_len] = [{q_len}, {kv_len}] shared by all heads and batch rows "
-                "(leading axes of size 1 allowed). If every head and batch row has the same mask, pass "
-                "one [q_len, kv_len] slice of it (mask[0, 0] of [B, H, S, S]); otherwise call "
-                "splat.attention once per group of heads that share a mask"
+                "(leading axes of size 1 allowed), or, in splat.attention without sequence_axis, one "
+                "per head: [H, q_len, kv_len] or [Hk, q_len, kv_len] (or a list of H or Hk masks). If "
+                "every batch row has the same masks, pass mask[0] of [B, H, S, S]"
             )
         core = shape[-2:] if len(shape) >= 2 and all(n == 1 for n in shape[:-2]) else None
         if core != (q_len, kv_len):
@@ -149,7 +149,11 @@ def attention(
       value: ``[B, Skv, Hk, D]``, like ``key``.
       mask: None (full attention), a :class:`splat.masks.Mask`, a boolean
         ``[Sq, Skv]`` array, a function ``f(q_idx, kv_idx)``, or an
-        :class:`acsr.ACSR` layout; ``True`` = attend.
+        :class:`acsr.ACSR` layout; ``True`` = attend. Per head: a list or
+        tuple of ``H`` (one per query head) or ``Hk`` (one per KV-head group)
+        such masks, or a boolean ``[H or Hk, Sq, Skv]`` array (a leading axis
+        of size 1 allowed). Heads with equal masks share a layout; each
+        distinct mask is one call on its heads.
       scale: positive multiplier of the scores; default ``1 / sqrt(D)``.
       segment_ids: int ``[B, Sq]`` (int32 or narrower): query ``i`` sees key
         ``j`` only where ``segment_ids[b, i] == kv_segment_ids[b, j]``
@@ -226,6 +230,11 @@ def attention(
     if sequence_axis is not None:
         from splat import _sharded  # it builds on this module
 
+        if _per_head.head_masks(mask) is not None:
+            raise ValueError(
+                "per-head masks cannot be combined with sequence_axis yet: pass one mask for all heads, "
+                "or call splat.attention once per group of heads that share a mask"
+            )
         if q_positions is not None or kv_positions is not None:
             raise ValueError(
                 "q_positions and kv_positions cannot be combined with sequence_axis: each device holds "
@@ -266,8 +275,17 @@ def attention(
         q_positions=q_positions,
     )
     at_positions = q_offset is not None or q_positions is not None
-    layout = _layout(mask, skv if at_positions else sq, skv)
-    out = _attend(q, k, v, layout, s, backend, runtime=runtime, soft_cap=cap)
+    rows = skv if at_positions else sq
+    per_head = _per_head.head_masks(mask)
+    if per_head is None:
+        layout = _layout(mask, rows, skv)
+    else:  # one layout per query head; equal masks on every head are the one-mask call itself
+        layouts = _per_head.query_head_layouts(per_head, rows, skv, q.shape[2], k.shape[2])
+        layout = layouts[0] if len(set(layouts)) == 1 else layouts
+    if isinstance(layout, ACSR):
+        out = _attend(q, k, v, layout, s, backend, runtime=runtime, soft_cap=cap)
+    else:
+        out = _per_head.attend(q, k, v, layout, s, backend, runtime=runtime, soft_cap=cap)
     if bad is not None:  # two seen keys at one position: no column order expresses it
         out = jnp.where(bad[:, None, None, None], jnp.nan, out)
     return out

@@ -468,11 +468,11 @@ def _bad_attention_cases():
         "mixed": ((q, k.astype(jnp.bfloat16), v), {}, TypeError, "must share one dtype"),
         "mask size": ((q, k, v, np.ones((S, S + 1), bool)), {}, ValueError, r"mask array must have shape"),
         "mask dtype": ((q, k, v, np.ones((S, S), np.int32)), {}, TypeError, "mask array must be boolean"),
-        "mask per head": (
-            (q, k, v, np.ones((1, H, S, S), bool)),
+        "mask per head, wrong count": (
+            (q, k, v, np.ones((1, H - 1, S, S), bool)),
             {},
             ValueError,
-            "(1, 4, 24, 24): per-head and per-batch masks are not supported",
+            "mask has 3 per-head masks",
         ),
         "mask per batch": (
             (q, k, v, np.ones((3, 1, S, S), bool)),

@@ -98,8 +98,8 @@ def _float64():
 
 # id -> (trigger, exception or warning class, text quoted in the README and found in the message)
 RAISED = {
-    "per-head mask": (_per_head_mask, ValueError, "per-head and per-batch masks are not supported"),
-    "per-head mask, shape": (_per_head_mask, ValueError, "mask array has shape (2, 4, 64, 64)"),
+    "per-batch mask": (_per_head_mask, ValueError, "per-batch masks are not supported"),
+    "per-batch mask, shape": (_per_head_mask, ValueError, "mask array has shape (2, 4, 64, 64)"),
     "per-head, decorator": (_decorator_per_head_mask, ValueError, "`mask` differs across batch or heads"),
     "traced mask": (_traced_mask, TypeError, "mask is a traced jax value"),
     "traced mask, advice": (_traced_mask, TypeError, "@splat.sparsify"),
