@@ -33,7 +33,15 @@ def load_generator(path: str):
 def generating_with(generator, target=source):
     """Within the block, ``target`` (this revision's generator module: ``source``, or
     ``bwd_source``) writes the kernel text of ``generator`` (the same module of another revision,
-    from :func:`load_generator`) with this revision's substitutions and helpers."""
+    from :func:`load_generator`) with this revision's substitutions and helpers.
+
+    Only revisions whose generators were text templates swap: since the kernels moved to CUDA files
+    (``jax_bindings/_cuda/kernels/``) a module holds no kernel text, and another revision is timed
+    by running the spike in its own checkout."""
+    if not hasattr(target, "_KERNEL"):
+        raise NotImplementedError(
+            "this revision's kernels are CUDA files under jax_bindings/_cuda/kernels/, not a text "
+            "template to swap: run the spike in the other revision's checkout for its baseline")
     names = [n for n in ("_HELPERS", "_KERNEL") if hasattr(target, n)]
     if target is source:
         names.insert(0, "HELPERS")

@@ -31,7 +31,7 @@ from jax_bindings._cuda import backend as cb
 from jax_bindings._cuda import compiler, grid_tiles, plan, source
 from splat import masks
 
-MASK_BRANCH = "      edge = gedge;\n      if (edge) {"
+MASK_BRANCH = "void apply(float* sc) const {\n    if (edge) {"  # the grid mask's (kernels/fwd/mask_grid.cuh)
 NOMASK = (MASK_BRANCH, MASK_BRANCH.replace("if (edge)", "if (false)"))
 # other (q_tile, k_tile) shapes per case than the planner's
 SHAPES = {

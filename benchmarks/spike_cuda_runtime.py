@@ -33,8 +33,8 @@ from splat import masks
 from splat.tools.bench_runtime import doc_causal_nnz, pack_documents
 
 # the per-element id test of each kernel, and what the no_id_test experiment makes of it
-_ID_TESTS = {plan.FwdVariant: ("if (RT == 2) ok &=", "if (RT == 2) ok &= true ||"),
-             plan.BwdVariant: ("if (RT == 2) ok &=", "if (RT == 2) ok &= true ||")}
+_ID_TESTS = {plan.FwdVariant: ("if (RT == IDS) ok &=", "if (RT == IDS) ok &= true ||"),
+             plan.BwdVariant: ("if (RT == IDS) ok &=", "if (RT == IDS) ok &= true ||")}
 
 
 def _compiled(variant, cut_id_test: bool):

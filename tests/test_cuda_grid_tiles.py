@@ -102,8 +102,8 @@ def test_long_walks_take_heads_in_sections():
     long = plan.fwd_variant(masks.neighborhood((128, 128), 63).to_acsr(), 128, "bfloat16")
     short = plan.fwd_variant(masks.neighborhood((128, 128), 15).to_acsr(), 128, "bfloat16")
     assert long.section_bytes == plan.GRID_SECTION_BYTES and short.section_bytes == 0
-    assert f"SCHEDULE == 1 && {plan.GRID_SECTION_BYTES} == 0" in long.named_source()[1]
-    assert "SCHEDULE == 1 && 0 == 0" in short.named_source()[1]
+    assert f"constexpr int SECTION_BYTES = {plan.GRID_SECTION_BYTES};" in long.named_source()[1]
+    assert "constexpr int SECTION_BYTES = 0;" in short.named_source()[1]
 
 
 def test_refusals_name_why():
@@ -133,9 +133,10 @@ def test_bad_grid_source_arguments_are_named():
 def test_the_grid_kernel_takes_its_tables_after_the_templates():
     variant = plan.fwd_variant(masks.neighborhood((16, 20), 5).to_acsr(), 128, "bfloat16")
     _, text = variant.named_source()
-    start = text.index("__restrict__ tmap_templates,")
-    params = text[start : text.index("int Sq", start)].split(",")
-    assert params[1].strip() == "const int* __restrict__ grid_tables"
+    assert "const uint8_t* __restrict__ tmap_templates,\n    SPLAT_FWD_TABLES int Sq," in text
+    params = text[text.index("#define SPLAT_FWD_TABLES ") :].split("\n", 1)[0].split(",")
+    first = params[0].removeprefix("#define SPLAT_FWD_TABLES ").strip()
+    assert first == "const int* __restrict__ grid_tables"
     assert "constexpr bool GRID = true;" in text
     band = gen.source(None, 0)
     assert "constexpr bool GRID = false;" in band and "const int* grid_tables = nullptr;" in band

@@ -1,11 +1,11 @@
 """The CUDA C++ generator and compiler (``jax_bindings._cuda.source``, ``jax_bindings._cuda.compiler``).
 
-Bad arguments are refused by name; the band and tile are baked into the source; and, where a
-CUDA compiler is found (NVRTC from the test extra's ``nvidia-cuda-nvrtc`` wheel, or nvcc), every
-variant the backend and the spike generate compiles for sm_90a with no warnings and at most a few
-bytes spilled, within the 168 registers a thread that ``setmaxnreg`` redistributes (the kernel
-would hang if the consumers asked for more than exists). The kernels' numerics are checked on a GPU
-(``test_cuda_gpu.py``); there is no CPU interpreter for CUDA C++.
+Bad arguments are refused by name; the band and tile are baked into each variant's generated header
+of constants; and, where a CUDA compiler is found (NVRTC from the test extra's ``nvidia-cuda-nvrtc``
+wheel, or nvcc), every variant the backend and the spike generate compiles for sm_90a with no
+warnings and at most a few bytes spilled, within the 168 registers a thread that ``setmaxnreg``
+redistributes (the kernel would hang if the consumers asked for more than exists). The kernels'
+numerics are checked on a GPU (``test_cuda_gpu.py``); there is no CPU interpreter for CUDA C++.
 """
 
 from __future__ import annotations
@@ -55,28 +55,43 @@ def test_bad_bounds_are_named(left, right, name):
         gen.source(left, right)
 
 
+def _config(prog) -> str:
+    """The generated header of constants of a forward or backward program."""
+    return next(t for n, t in prog.headers if n in ("fwd_config.cuh", "bwd_config.cuh"))
+
+
 def test_mask_bounds_tile_and_dtype_are_baked_in():
+    """The band, the tile and the element type are constants of the generated header; its wgmma
+    instructions are those of the tile width and element type; nothing is left to substitute."""
+    config = _config(gen.program(1023, 0, block_n=176, stages=3))
+    assert "constexpr int LEFT = 1023;" in config and "constexpr int RIGHT = 0;" in config
+    assert "constexpr int BN = 176;" in config and "constexpr int STAGES = 3;" in config
+    assert "wgmma_ss<Bf16, 176>" in config and "m64n176k16.f32.bf16.bf16" in config
+    assert "using Elem = Bf16;" in config
+    dense = _config(gen.program(None, None, dtype="float16"))
+    unbounded = gen.bound(None)
+    assert f"constexpr int LEFT = {unbounded};" in dense and f"constexpr int RIGHT = {unbounded};" in dense
+    assert "m64n128k16.f32.f16.f16" in dense and "using Elem = Fp16;" in dense and "bf16" not in dense
+    assert "constexpr int LEFT = -5;" in _config(gen.program(-5, -3))  # a band off the diagonal
     src = gen.source(1023, 0, block_n=176, stages=3)
-    assert "LEFT = 1023, RIGHT = 0" in src
-    assert "BN = 176" in src and "STAGES = 3" in src
-    assert "wgmma_ss_176" in src and "m64n176k16.f32.bf16.bf16" in src
-    assert "cvt.rn.bf16x2.f32" in src
-    dense = gen.source(None, None, dtype="float16")
-    assert f"LEFT = {gen.bound(None)}, RIGHT = {gen.bound(None)}" in dense
-    assert "m64n128k16.f32.f16.f16" in dense and "cvt.rn.f16x2.f32" in dense and "bf16" not in dense
-    assert "LEFT = -5, RIGHT = -3" in gen.source(-5, -3)  # a band off the diagonal
     placeholders = set(re.findall(r"__[A-Z][A-Z_]*__", src)) - {"__CUDACC_RTC__"}
     assert not placeholders, f"template placeholders left unfilled: {placeholders}"
+    assert '#include "' not in src  # one text that compiles alone
 
 
 def test_every_variant_gets_its_own_kernel_name():
     """jaxlib keys loaded cubin kernels by name and shared memory: variants must differ by name."""
-    texts = [gen.source(None, 0), gen.source(255, 0), gen.source(255, 0, dtype="float16")]
-    texts.append(gen.source(None, 0))
+    args = [((None, 0), {}), ((255, 0), {}), ((255, 0), {"dtype": "float16"}), ((None, 0), {})]
+    progs = [gen.program(*a, **kw) for a, kw in args]
+    assert len({p.name for p in progs[:3]}) == 3 and progs[0].name == progs[3].name
+    assert all(p.name.startswith("splat_fwd_") for p in progs)
+    texts = [gen.source(*a, **kw) for a, kw in args]
     named = [gen.with_unique_name(t) for t in texts]
     assert len({n for n, _ in named[:3]}) == 3 and named[0] == named[3]
     for name, text in named:
-        assert f"__global__ void __launch_bounds__(384, 1) {name}(" in text and gen.KERNEL_NAME not in text
+        assert f"#define SPLAT_KERNEL_NAME {name}\n" in text and gen.KERNEL_NAME not in text
+        assert "__launch_bounds__(THREADS, 1) SPLAT_KERNEL_NAME(" in text
+        assert "constexpr int THREADS = 384;" in text
 
 
 def test_shared_memory_fits_the_variants_built():
@@ -141,21 +156,32 @@ def test_every_schedule_has_one_signature_and_the_queue_takes_tickets():
         params = text.split("__launch_bounds__")[1].split(")")[1].replace("__restrict__ ", "")
         params = " ".join(params.split())
         assert params.endswith("float* lse, int* sem, uint8_t* tmap_slots"), params
-        assert f"SCHEDULE = {gen.SCHEDULES[schedule]};" in text
-    queue = gen.source(1023, 0, schedule="queue")
-    assert "atomicAdd(counter, 1)" in queue and "publish_ticket(n, sem, n_work" in queue
-    # the kernel body names sem once, under the queue's branch: the backend zeroes it only there
-    body = queue.split("__launch_bounds__")[1].split("{", 1)[1]
-    uses = [line for line in body.splitlines() if re.search(r"\bsem\b", line)]
-    assert uses == ["          w = publish_ticket(n, sem, n_work, s_ticket, item_full(0), item_empty(0));"]
-    before, branch = body.split(uses[0])[0], f"if (SCHEDULE == {gen.SCHEDULES['queue']}) {{"
+        assert f"constexpr int SCHEDULE = {gen.SCHEDULES[schedule]};" in text
+    queue = gen.program(1023, 0, schedule="queue")
+    parts_ = {n: t for n, t in queue.headers if not n.endswith("config.cuh")}
+    assert "atomicAdd(counter, 1)" in parts_["common/work_tickets.cuh"]
+    # the kernel reads sem once, in the producer under the queue's branch: the backend zeroes it
+    # only there (the kernel itself hands it to its parts' parameters)
+    uses = [(n, line) for n, t in parts_.items() if n.startswith("fwd/") for line in t.splitlines()
+            if re.search(r"\bp\.sem\b", line)]
+    assert uses == [("fwd/producer.cuh",
+                     "        w = publish_ticket(n, p.sem, sched.n_work, sm.ticket(), sm.item_full(0), "
+                     "sm.item_empty(0));")]
+    producer = parts_["fwd/producer.cuh"]
+    before, branch = producer.split(uses[0][1])[0], "if (SCHEDULE == QUEUE) {"
     assert branch in before and "}" not in before.rsplit(branch, 1)[1]
+    assert "enum : int { GRID_LAUNCH = 0, STRIDED = 1, QUEUE = 2 };" in parts_["fwd/params.cuh"]
+    assert gen.SCHEDULES == {"grid": 0, "strided": 1, "queue": 2}  # the kernel's enum, mirrored
     assert [s for s in gen.SCHEDULES if gen.takes_tickets(s)] == ["queue"]
     names = {gen.with_unique_name(gen.source(1023, 0, schedule=s))[0] for s in gen.SCHEDULES}
     assert len(names) == len(gen.SCHEDULES)
     sections = gen.source(None, 0, schedule="queue", section_bytes=16 << 20)
-    baked = "heads_per_section({}LL, 4LL * HD * max(Skv, 1), H * B)"
-    assert baked.format(16 << 20) in sections and baked.format(0) in queue
+    assert "constexpr int SECTION_BYTES = 16777216;" in sections
+    assert "constexpr int SECTION_BYTES = 0;" in gen.source(None, 0, schedule="queue")
+    assert "constexpr long long SECTION_BYTES = 1099511627775LL;" in _config(
+        gen.program(None, 0, schedule="queue", section_bytes=2**40 - 1))
+    counted = "heads_per_section(SECTION_BYTES, 4LL * HD * max(Skv, 1), H * B)"
+    assert counted in parts_["fwd/tile_scheduler.cuh"]
     assert gen.section_bytes_of(3, 1000) == 3 * 4 * gen.D * 1000  # the kernel's count, mirrored
     assert bwd.section_bytes_of(3, 2, 1000) == 3 * 4 * bwd.D * 2 * 1000  # the backward's (Q and dO)
     assert gen.with_unique_name(sections)[0] != gen.with_unique_name(gen.source(None, 0, schedule="queue"))[0]
@@ -327,8 +353,12 @@ def test_runtime_variants_compile_and_take_their_arrays(cuda_compiler, variant):
     names = gen.FWD_RUNTIME_ARRAYS if make is gen.source else bwd.BWD_RUNTIME_ARRAYS
     given = gen.runtime_arrays(kwargs["runtime"], names)
     start = text.index("__restrict__ tmap_templates,")
-    signature = text[start:text.index("int Sq", start)]
+    macro = text[start:text.index("int Sq", start)].split(",")[1].strip()  # SPLAT_FWD_TABLES, _BWD_
+    signature = text[text.index(f"#define {macro} "):].split("\n", 1)[0]
     assert [n for n in names if f"__restrict__ {n}," in signature] == list(given)
+    locals_ = text[text.index(f"#define {macro.replace('TABLES', 'NO_TABLES')} "):].split("\n", 1)[0]
+    nulls = [n for n in names if f"const int* {n} = nullptr;" in locals_]
+    assert nulls == [n for n in names if n not in given]
     image, log = cuda_compiler.compile(text, verbose=True)
     assert image[:4] == b"\x7fELF" and "warning" not in log.lower(), log
     spills = int(re.search(r"(\d+) bytes spill stores", log).group(1))
@@ -377,15 +407,15 @@ def test_backward_shared_memory_and_names():
     assert bwd.smem_bytes(2) <= gen.SMEM_LIMIT < bwd.smem_bytes(3)
     a, b = (bwd.with_unique_name(bwd.bwd_source(None, 0, ordered=o)) for o in (True, False))
     assert a[0] != b[0] and a[0].startswith("splat_bwd_") and bwd.KERNEL_NAME not in a[1]
-    assert "constexpr int LEFT = 1073741824, RIGHT = 0;" in a[1]
+    assert "constexpr int LEFT = 1073741824;" in a[1] and "constexpr int RIGHT = 0;" in a[1]
 
 
 def test_backward_sections_are_baked_in_and_checked():
     """``section_bytes``: the (batch, KV head)s whose groups' Q and dO fit it are taken in turn (0:
     one at a time, the count in the kernel at least 1); bad values are refused by name."""
-    baked = "heads_per_section({}LL, 4LL * HD * G * max(Sq, 1), Hkv * B)"
-    assert baked.format(16 << 20) in bwd.bwd_source(None, 0, section_bytes=16 << 20)
-    assert baked.format(0) in bwd.bwd_source(None, 0)
+    assert "constexpr int SECTION_BYTES = 16777216;" in bwd.bwd_source(None, 0, section_bytes=16 << 20)
+    assert "constexpr int SECTION_BYTES = 0;" in bwd.bwd_source(None, 0)
+    assert "heads_per_section(SECTION_BYTES, 4LL * HD * G * max(p.Sq, 1)" in bwd.bwd_source(None, 0)
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="section_bytes"):
             bwd.bwd_source(None, 0, section_bytes=bad)

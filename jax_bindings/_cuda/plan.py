@@ -2,7 +2,8 @@
 
 :func:`fwd_variant` picks the :class:`FwdVariant` for a layout, head dim and dtype (or refuses
 with ``NotImplementedError`` naming why), :func:`offered_bwd_variant` the :class:`BwdVariant`;
-:func:`compiled` gives a variant's kernel name and cubin; :func:`grid`, :func:`tensor_maps` and
+each variant's ``program()`` is its kernel's parts and constants (:mod:`jax_bindings._cuda.parts`),
+and :func:`compiled` gives its kernel name and cubin; :func:`grid`, :func:`tensor_maps` and
 their ``bwd_`` twins the launch geometry and the TMA templates. The JAX backend
 (:mod:`jax_bindings._cuda.backend`) and the sanitizer's direct launches
 (``benchmarks/sanitize_cuda.py``) both start here.
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 import acsr
 from acsr import ACSR
-from jax_bindings._cuda import bwd_source, compiler, grid_tiles, source, tensor_map
+from jax_bindings._cuda import bwd_source, compiler, grid_tiles, parts, source, tensor_map
 
 HEAD_DIMS = (source.D,)
 DTYPES = tuple(source.ELEMENTS)
@@ -63,16 +64,25 @@ class FwdVariant:
     def __post_init__(self):
         source.check_schedule(self.schedule)
 
-    def named_source(self) -> tuple[str, str]:
-        """``(kernel name, CUDA C++)``, the name unique to the source (:func:`source.with_unique_name`)."""
-        return source.with_unique_name(source.source(
+    def program(self) -> parts.Program:
+        """The kernel's program (:func:`source.program`), its name unique to its text."""
+        return source.program(
             self.band.left, self.band.right, stages=self.stages, block_n=self.block_n, dtype=self.dtype,
             schedule=self.schedule, section_bytes=self.section_bytes, runtime=self.runtime,
-            q_stages=self.q_stages, o_store=self.o_store, band_block=self.band_block, shifted=self.shifted))
+            q_stages=self.q_stages, o_store=self.o_store, band_block=self.band_block, shifted=self.shifted)
+
+    def named_source(self) -> tuple[str, str]:
+        """``(kernel name, CUDA C++)``: the program as one text (:meth:`parts.Program.flat`)."""
+        prog = self.program()
+        return prog.name, prog.flat()
 
     @property
     def smem(self) -> int:
         return source.smem_bytes(self.stages, self.block_n, self.runtime, self.q_stages, self.o_store)
+
+    @property
+    def threads(self) -> int:
+        return source.THREADS
 
 
 @dataclass(frozen=True)
@@ -88,15 +98,25 @@ class GridFwdVariant:
     section_bytes: int = 0
     q_stages: int = 1
 
-    def named_source(self) -> tuple[str, str]:
-        return source.with_unique_name(source.source(
+    def program(self) -> parts.Program:
+        """The kernel's program (:func:`source.program` with ``grid=``)."""
+        return source.program(
             None, None, stages=self.stages, block_n=self.tiles.block_n, dtype=self.dtype,
             schedule=self.schedule, section_bytes=self.section_bytes, grid=self.tiles,
-            q_stages=self.q_stages))
+            q_stages=self.q_stages)
+
+    def named_source(self) -> tuple[str, str]:
+        """``(kernel name, CUDA C++)``: the program as one text (:meth:`parts.Program.flat`)."""
+        prog = self.program()
+        return prog.name, prog.flat()
 
     @property
     def smem(self) -> int:
         return source.smem_bytes(self.stages, self.tiles.block_n, q_stages=self.q_stages)
+
+    @property
+    def threads(self) -> int:
+        return source.THREADS
 
 
 @dataclass(frozen=True)
@@ -117,15 +137,25 @@ class BwdVariant:
     key_order: str = "last_first"
     band_block: int = 1
 
-    def named_source(self) -> tuple[str, str]:
-        return bwd_source.with_unique_name(bwd_source.bwd_source(
+    def program(self) -> parts.Program:
+        """The kernel's program (:func:`bwd_source.program`)."""
+        return bwd_source.program(
             self.band.left, self.band.right, stages=self.stages, dtype=self.dtype, ordered=self.ordered,
             runtime=self.runtime, section_bytes=self.section_bytes, key_order=self.key_order,
-            band_block=self.band_block))
+            band_block=self.band_block)
+
+    def named_source(self) -> tuple[str, str]:
+        """``(kernel name, CUDA C++)``: the program as one text (:meth:`parts.Program.flat`)."""
+        prog = self.program()
+        return prog.name, prog.flat()
 
     @property
     def smem(self) -> int:
         return bwd_source.smem_bytes(self.stages)
+
+    @property
+    def threads(self) -> int:
+        return bwd_source.THREADS
 
 
 def _check_call(head_dim: int, dtype: str) -> None:
@@ -290,8 +320,8 @@ def rescheduled(variant: FwdVariant, schedule: str, section_bytes: int = 0, q_st
 @functools.lru_cache(maxsize=64)
 def compiled(variant: FwdVariant | GridFwdVariant | BwdVariant) -> tuple[str, bytes]:
     """``(kernel name, cubin)`` of ``variant`` (compiled once per process; disk-cached across them)."""
-    name, text = variant.named_source()
-    return name, compiler.cubin(text)
+    prog = variant.program()
+    return prog.name, compiler.cubin(prog.source, headers=prog.header_map())
 
 
 def grid(q_shape: tuple[int, ...], schedule: str, sm_count: int, row_blocks: int | None = None

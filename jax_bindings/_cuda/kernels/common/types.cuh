@@ -7,6 +7,7 @@ typedef unsigned short uint16_t;
 typedef unsigned int uint32_t;
 typedef unsigned long long uint64_t;
 typedef long long int64_t;
+typedef unsigned long uintptr_t;
 #else
 #include <stdint.h>
 #endif

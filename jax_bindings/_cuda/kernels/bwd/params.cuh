@@ -1,0 +1,51 @@
+// The backward kernel's arguments (bwd.cu's parameters, in one place for its parts), its work item
+// and the constants its parts derive from the generated "bwd_config.cuh".
+#pragma once
+#include "common/band.cuh"
+#include "common/types.cuh"
+#include "bwd_config.cuh"
+
+namespace bwd {
+using namespace cfg;
+
+constexpr uint32_t KVTILE = BN * HD * 2, QTILE = BM * HD * 2, DSTILE = BN * BM * 2, STAT = STAT_BYTES;
+constexpr uint32_t DQTILE = BM * HD * 4;  // one step's dQ, fp32
+
+struct Params {
+  const uint16_t* q;
+  const uint16_t* k;
+  const uint16_t* v;
+  const uint16_t* dout;
+  const float* lse2;
+  const float* delta;
+  const uint8_t* tmap_templates;  // K's, V's, Q's and dO's tensor maps, 128 bytes each
+  const int* rt_lens;             // runtime mask (null where the variant takes none)
+  const int* rt_q_ids;
+  const int* rt_kv_ids;
+  const int* rt_ranges;
+  const int* rt_leads;
+  int Sq, Skv, H, Hkv, B;
+  float scale_log2, scale;
+  uint16_t* dk;
+  uint16_t* dv;
+  float* dq_acc;
+  int* sem;             // the ticket counter, then a turn counter per (batch, head, query block)
+  uint8_t* tmap_slots;  // each CTA's SLOT_BYTES of published tensor maps
+};
+
+// The thread's place in the CTA
+struct Cta {
+  int tid, warp, lane;
+};
+
+// A work item: key block j (keys n0 .. n0 + BN - 1) of KV head hk of batch row b, taken in its
+// head's key order (ff: the first key block first); its walk: n_i query blocks from i_lo (in the
+// opposite order: block_of), for each of the group's query heads (n_steps in all). kv_end: the
+// batch row's key length; rows [in_lo, in_hi) see every key of the block as far as segment ids go
+// (their blocks skip the id test).
+struct Item {
+  int j, hk, b, n0, i_lo, n_i, n_steps, kv_end, in_lo, in_hi;
+  bool ff;
+};
+
+}  // namespace bwd
