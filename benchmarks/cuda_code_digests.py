@@ -176,6 +176,14 @@ def _inputs(variant, flat: bool) -> tuple[str, dict[str, str]]:
     return variant.named_source()[1], {}
 
 
+def _variant_id(v) -> str:
+    """A planned variant's id: its class and the fields that differ from their defaults, so that a
+    field added later at its default leaves the ids of the variants that existed before unchanged."""
+    fields = [f"{f.name}={getattr(v, f.name)!r}" for f in dataclasses.fields(v)
+              if f.default is dataclasses.MISSING or getattr(v, f.name) != f.default]
+    return f"{type(v).__name__}({', '.join(fields)})"
+
+
 def variants(flat: bool = False) -> dict[str, callable]:
     """id -> a thunk giving ``(source, headers)``, for every variant (deduplicated)."""
     import numpy as np
@@ -265,7 +273,7 @@ def variants(flat: bool = False) -> dict[str, callable]:
                     for other in other_key_orders(bwd, (2, sq, h, 128), (2, skv, hk, 128)):
                         add(lambda other=other: other)
     for v in planned:
-        out.setdefault(repr(v), functools.partial(_inputs, v, flat))
+        out.setdefault(_variant_id(v), functools.partial(_inputs, v, flat))
     out.update(_others())
     return out
 

@@ -18,9 +18,10 @@ shifted forward (chunked prefill: queries at offsets, rows before and past the l
 ``tests/cuda_cases.GRID_CASES``.
 
     compute-sanitizer --tool memcheck --error-exitcode 9 python3 benchmarks/sanitize_cuda.py \
-        [grid | shifted | NAME ...]
+        [grid | shifted | head_dims | NAME ...]
 
-(``grid``, ``shifted``: the grid forward's or the shifted forward's cases alone; band case names
+(``grid``, ``shifted``, ``head_dims``: the grid forward's, the shifted forward's or the other head
+dims' cases alone (every head dim besides 128, the soft cap, forward and backward); band case names
 (``tests/cuda_cases.CASES``, e.g. ``block_local block_local_96``): those cases alone, forward and
 backward, without the runtime and grid cases, for a change that touches only their kernels.)
 """
@@ -59,12 +60,21 @@ LAUNCHES = (("grid", None, 0, 1, None), ("strided", 5, 0, 1, None), ("strided", 
             ("queue", 5, 0, 1, None))
 
 
-def reference(q, k, v, mask, scale):
+def _capped(s, cap):
+    """``(cap * tanh(s / cap), its derivative)``, or ``(s, 1)`` without a cap."""
+    if cap is None:
+        return s, 1.0
+    t = np.tanh(s / cap)
+    return cap * t, 1 - t * t
+
+
+def reference(q, k, v, mask, scale, cap=None):
     """Float32 ``(out [B, Sq, H, D], lse [B, H, Sq])``; empty rows 0 and -inf. ``mask``: ``[Sq,
-    Skv]``, or ``[B, 1, Sq, Skv]`` per batch row (here and in :func:`grads_reference`)."""
+    Skv]``, or ``[B, 1, Sq, Skv]`` per batch row (here and in :func:`grads_reference`); ``cap``:
+    the soft cap of the scores (here and there)."""
     g = q.shape[2] // k.shape[2]
     kf, vf = (np.repeat(x.astype(np.float32), g, axis=2) for x in (k, v))
-    s = np.einsum("bqhd,bkhd->bhqk", q.astype(np.float32), kf) * scale
+    s = _capped(np.einsum("bqhd,bkhd->bhqk", q.astype(np.float32), kf) * scale, cap)[0]
     s = np.where(mask, s, -np.inf)
     m = s.max(-1, keepdims=True)
     e = np.exp(s - np.where(np.isfinite(m), m, 0))
@@ -74,18 +84,19 @@ def reference(q, k, v, mask, scale):
     return np.einsum("bhqk,bkhd->bqhd", p, vf), lse
 
 
-def grads_reference(q, k, v, do, mask, scale):
+def grads_reference(q, k, v, do, mask, scale, cap=None):
     """Float32 ``(dq, dk, dv)`` of ``sum(attention * do)``."""
     g = q.shape[2] // k.shape[2]
     qf, dof = q.astype(np.float32), do.astype(np.float32)
     kf, vf = (np.repeat(x.astype(np.float32), g, axis=2) for x in (k, v))
-    s = np.where(mask, np.einsum("bqhd,bkhd->bhqk", qf, kf) * scale, -np.inf)
+    s, dcap = _capped(np.einsum("bqhd,bkhd->bhqk", qf, kf) * scale, cap)
+    s = np.where(mask, s, -np.inf)
     m = s.max(-1, keepdims=True)
     e = np.exp(s - np.where(np.isfinite(m), m, 0))
     tot = e.sum(-1, keepdims=True)
     p = e / np.where(tot > 0, tot, 1)
     dp = np.einsum("bqhd,bkhd->bhqk", dof, vf)
-    ds = p * (dp - (p * dp).sum(-1, keepdims=True))
+    ds = p * (dp - (p * dp).sum(-1, keepdims=True)) * dcap
     dq = np.einsum("bhqk,bkhd->bqhd", ds, kf) * scale
     dk = np.einsum("bhqk,bqhd->bkhd", ds, qf) * scale
     dv = np.einsum("bhqk,bqhd->bkhd", p, dof)
@@ -115,7 +126,7 @@ def launch_bwd(variant, q, k, v, out, lse, do, scale, rt_arrays=()):
     nq = bwd_source.num_q_blocks(Sq)
     sq_pad = nq * bwd_source.BM
     delta, lse2 = (cp.full((B, H, sq_pad), np.nan, dtype=np.float32) for _ in range(2))  # the pass writes all
-    _loaded(*bwd_passes.compiled("delta", variant.dtype))(
+    _loaded(*bwd_passes.compiled("delta", variant.dtype, D))(
         (-(-B * sq_pad * H // bwd_passes.ROWS_PER_CTA),), (bwd_passes.THREADS,),
         (cp.asarray(out), cp.asarray(do), cp.asarray(lse, dtype=np.float32), np.int32(B), np.int32(Sq),
          np.int32(H), np.int32(sq_pad), delta, lse2))
@@ -124,16 +135,16 @@ def launch_bwd(variant, q, k, v, out, lse, do, scale, rt_arrays=()):
     dk, dv = (cp.full(k.shape, np.nan, dtype=k.dtype) for _ in range(2))
     # the ordered kernel stores each query block's first part: NaN where it writes nothing (blocks
     # no key block reaches), which the dq pass must turn into 0
-    dq_acc = cp.full(bwd_source.dq_acc_shape(B, H, Sq), np.nan if variant.ordered else 0, dtype=np.float32)
+    dq_acc = cp.full(bwd_source.dq_acc_shape(B, H, Sq, D), np.nan if variant.ordered else 0, dtype=np.float32)
     sem = cp.zeros(bwd_source.sem_words(B, H, Sq), dtype=np.int32)
     slots = cp.zeros(grid[0] * grid[1] * grid[2] * bwd_source.SLOT_BYTES, dtype=np.uint8)
     args = (*(cp.asarray(x) for x in (q, k, v, do)), lse2, delta, maps,
             *(cp.asarray(np.asarray(x)) for x in rt_arrays), np.int32(Sq), np.int32(k.shape[1]),
             np.int32(H), np.int32(k.shape[2]), np.int32(B), np.float32(scale * math.log2(math.e)),
             np.float32(scale), dk, dv, dq_acc, sem, slots)
-    fn(grid, (bwd_source.THREADS,), args, shared_mem=variant.smem)
+    fn(grid, (variant.threads,), args, shared_mem=variant.smem)
     dq = cp.full(q.shape, np.nan, dtype=q.dtype)
-    _loaded(*bwd_passes.compiled("dq_rows", variant.dtype))(
+    _loaded(*bwd_passes.compiled("dq_rows", variant.dtype, D))(
         (B * H * nq,), (bwd_passes.THREADS,),
         (dq_acc, lse2, np.int32(Sq), np.int32(H), np.int32(nq), np.float32(scale), dq))
     cp.cuda.runtime.deviceSynchronize()
@@ -162,14 +173,58 @@ def launch(variant, q, k, v, scale, ctas=None, rt_arrays=()):
     args = (dq, dk, dv, maps, *(cp.asarray(np.asarray(x)) for x in rt_arrays), np.int32(Sq),
             np.int32(k.shape[1]), np.int32(H), np.int32(k.shape[2]), np.int32(B),
             np.float32(scale * math.log2(math.e)), out, lse, sem, slots)
-    fn(grid, (source.THREADS,), args, shared_mem=variant.smem)
+    fn(grid, (variant.threads,), args, shared_mem=variant.smem)
     cp.cuda.runtime.deviceSynchronize()
     return cp.asnumpy(out), cp.asnumpy(lse)
 
 
+HEAD_DIM_CASES = ("dense", "causal", "causal_window", "sliding_window", "off_diagonal")
+
+
+def run_head_dim_cases() -> int:
+    """The planned forward at every head dim besides 128 (5 CTAs), with and without the soft cap, on
+    a few bands; the backward at those its head dims take, the cap's too; two runtime-mask cases
+    (segment ids, lengths) at each; returns the launches."""
+    from jax_bindings._cuda import tile_shapes
+
+    launched = 0
+    cases = [c for c in CASES if c.name in HEAD_DIM_CASES] + [c for c in CASES if c.block > 1][:1]
+    for d, case, cap in itertools.product([x for x in tile_shapes.HEAD_DIMS if x != 128], cases, (None, 5.0)):
+        if cap is not None and case.name not in ("causal", "sliding_window"):
+            continue
+        sq, skv, h, hk = case.q_len, case.kv_len, case.heads, case.kv_heads
+        layout = case.layout()
+        rng = np.random.default_rng(d + sq)
+        q = (rng.standard_normal((2, sq, h, d)) * (2 if cap else 1)).astype(ml_dtypes.bfloat16)
+        k, v, do = (rng.standard_normal(x).astype(ml_dtypes.bfloat16)
+                    for x in ((2, skv, hk, d), (2, skv, hk, d), (2, sq, h, d)))
+        scale, mask = d**-0.5, layout.to_dense()
+        out, lse = launch(plan.fwd_variant(layout, d, "bfloat16", soft_cap=cap), q, k, v, scale, ctas=5)
+        launched += 1
+        ref_out, _ = reference(q, k, v, mask, scale, cap)
+        err = np.abs(out.astype(np.float32) - ref_out).max()
+        assert err < 3e-2, f"{case.name} d={d} cap={cap}: out differs by {err:.3g}"
+        empty = ~mask.any(1)
+        assert np.all(out[:, empty] == 0) and np.all(np.isneginf(lse[:, :, empty])), case.name
+        line = f"{case.name:22s} d={d:3d} cap={cap!s:5s} fwd ok ({err:.1e})"
+        if d in tile_shapes.BWD_HEAD_DIMS:
+            bwd = plan.bwd_variant(layout, d, "bfloat16", soft_cap=cap)
+            got = launch_bwd(bwd, q, k, v, out, lse, do, scale)
+            launched += 1
+            refs = grads_reference(q, k, v, do, mask, scale, cap)
+            pairs = zip(got, refs, strict=True)
+            errs = [float(np.abs(x - r).max() / max(1.0, np.abs(r).max())) for x, r in pairs]
+            assert max(errs) < 3e-2, f"{case.name} d={d} cap={cap}: gradients differ by {errs}"
+            line += f", bwd ok ({max(errs):.1e})"
+        print(line)
+    for d in (x for x in tile_shapes.HEAD_DIMS if x != 128):
+        launched += run_runtime_cases(d, ("document_causal", "everything_window"))
+    return launched
+
+
 def main() -> int:
     args = sys.argv[1:]
-    alone = {"grid": run_grid_cases, "shifted": run_shifted_cases}
+    alone = {"grid": run_grid_cases, "shifted": run_shifted_cases, "head_dims": run_head_dim_cases}
     if len(args) == 1 and args[0] in alone:
         launched = alone[args[0]]()
         print(f"{launched} launches of {launched} cuda kernel variants")
@@ -177,7 +232,8 @@ def main() -> int:
     unknown = set(args) - {c.name for c in CASES}
     if unknown:
         raise SystemExit(
-            f"unknown band cases {sorted(unknown)}: 'grid', 'shifted' or names of cuda_cases.CASES")
+            f"unknown band cases {sorted(unknown)}: 'grid', 'shifted', 'head_dims' or names of "
+            "cuda_cases.CASES")
     cases = [c for c in CASES if c.name in args] if args else CASES
     launched = 0
     for dtype, (schedule, ctas, section, q_stages, o_store) in itertools.product(NP, LAUNCHES):
@@ -224,27 +280,33 @@ def main() -> int:
         launched += run_runtime_cases()
         launched += run_shifted_cases()
         launched += run_grid_cases()
+        launched += run_head_dim_cases()
     print(f"{launched} launches of {launched} cuda kernel variants")
     return 0
 
 
-def run_runtime_cases() -> int:
+def run_runtime_cases(head_dim: int = 128, names: tuple[str, ...] | None = None) -> int:
     """The runtime-mask variants, forward (the plan's schedule, and the queue on 5 CTAs) and
-    backward, on every runtime case in bfloat16; returns the launches."""
+    backward (where it takes ``head_dim``), on the runtime cases (``names``; None: every one) in
+    bfloat16; returns the launches."""
+    from jax_bindings._cuda import tile_shapes
+
     launched = 0
     for name, sq, skv, left, right, h, hk, b, make in RUNTIME_CASES:
+        if names is not None and name not in names:
+            continue
         rng = np.random.default_rng(sq + skv)
         rt_args = make(rng)
         layout = band_layout(sq, skv, left, right)
         mask = runtime_dense(layout.to_dense(), b, sq, skv, **rt_args)[:, None]
         runtime = _runtime.build(b, sq, skv, **build_arguments(rt_args))
         kind = runtime_tables.kind(runtime)
-        q, do = (rng.standard_normal((b, sq, h, 128)).astype(ml_dtypes.bfloat16) for _ in range(2))
-        k, v = (rng.standard_normal((b, skv, hk, 128)).astype(ml_dtypes.bfloat16) for _ in range(2))
-        scale = 128**-0.5
+        q, do = (rng.standard_normal((b, sq, h, head_dim)).astype(ml_dtypes.bfloat16) for _ in range(2))
+        k, v = (rng.standard_normal((b, skv, hk, head_dim)).astype(ml_dtypes.bfloat16) for _ in range(2))
+        scale = head_dim**-0.5
         ref_out, ref_lse = reference(q, k, v, mask, scale)
         empty = ~mask[:, 0].any(-1)  # [B, Sq]
-        planned = plan.fwd_variant(layout, 128, "bfloat16", kind)
+        planned = plan.fwd_variant(layout, head_dim, "bfloat16", kind)
         for variant, ctas in ((planned, None), (dataclasses.replace(planned, schedule="queue"), 5)):
             arrays = runtime_tables.fwd_arrays(runtime, variant.block_n)
             out, lse = launch(variant, q, k, v, scale, ctas, arrays)
@@ -255,10 +317,12 @@ def run_runtime_cases() -> int:
             assert np.all(np.isneginf(lse.transpose(0, 2, 1)[empty])), f"{name}: lse of an empty row"
             lerr = np.abs(lse - ref_lse)[np.isfinite(ref_lse)].max()
             assert lerr < 2e-2, f"{name}: lse differs by {lerr:.3g}"
-            print(f"{name:22s} runtime {kind:7s} {variant.schedule}/{ctas} ok (out {err:.1e}, "
-                  f"lse {lerr:.1e})")
+            print(f"{name:22s} d={head_dim:3d} runtime {kind:7s} {variant.schedule}/{ctas} ok "
+                  f"(out {err:.1e}, lse {lerr:.1e})")
+        if head_dim not in tile_shapes.BWD_HEAD_DIMS:
+            continue
         refs = grads_reference(q, k, v, do, mask, scale)
-        planned = plan.bwd_variant(layout, 128, "bfloat16", kind)
+        planned = plan.bwd_variant(layout, head_dim, "bfloat16", kind)
         arrays = runtime_tables.bwd_arrays(runtime)
         for bv in (planned, *other_key_orders(planned, q.shape, k.shape)):
             got = launch_bwd(bv, q, k, v, out, lse, do, scale, arrays)

@@ -43,8 +43,8 @@ BUILD_NAMES = {"ids": "segment_ids", "kv_ids": "kv_segment_ids", "qlen": "query_
 
 
 class Inputs(NamedTuple):
-    q: np.ndarray  # [B, SQ, H, 128] float32 (cast by the caller)
-    k: np.ndarray  # [B, L, Hk, 128]
+    q: np.ndarray  # [B, SQ, H, D] float32 (cast by the caller; D = 128 unless asked)
+    k: np.ndarray  # [B, L, Hk, D]
     v: np.ndarray
     offsets: np.ndarray  # [B] int32
     runtime: dict  # runtime_dense's keyword arguments (numpy int32)
@@ -55,12 +55,12 @@ def case_id(case) -> str:
     return f"{case[0]}-{case[1]}{'-docs' if case[4] else ''}"
 
 
-def inputs(case, seed: int = 0) -> Inputs:
+def inputs(case, seed: int = 0, head_dim: int = 128) -> Inputs:
     name, offsets, kv_len, q_len, docs, h, hk = case
     rng = np.random.default_rng(seed)
     b = len(offsets)
-    q = rng.standard_normal((b, SQ, h, 128)).astype(np.float32)
-    k, v = (rng.standard_normal((b, L, hk, 128)).astype(np.float32) for _ in range(2))
+    q = rng.standard_normal((b, SQ, h, head_dim)).astype(np.float32)
+    k, v = (rng.standard_normal((b, L, hk, head_dim)).astype(np.float32) for _ in range(2))
     rt = {}
     if kv_len is not None:
         rt["kvlen"] = np.asarray(kv_len, np.int32)

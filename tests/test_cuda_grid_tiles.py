@@ -115,7 +115,7 @@ def test_refusals_name_why():
     with pytest.raises(NotImplementedError, match="runtime mask"):
         plan.fwd_variant(layout, 128, "bfloat16", "ids")
     with pytest.raises(NotImplementedError, match="head dim"):
-        plan.fwd_variant(layout, 64, "bfloat16")
+        plan.fwd_variant(layout, 80, "bfloat16")
     with pytest.raises(NotImplementedError, match="grid layout"):
         plan.bwd_variant(layout, 128, "bfloat16")
 

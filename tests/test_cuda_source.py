@@ -180,7 +180,7 @@ def test_every_schedule_has_one_signature_and_the_queue_takes_tickets():
     assert "constexpr int SECTION_BYTES = 0;" in gen.source(None, 0, schedule="queue")
     assert "constexpr long long SECTION_BYTES = 1099511627775LL;" in _config(
         gen.program(None, 0, schedule="queue", section_bytes=2**40 - 1))
-    counted = "heads_per_section(SECTION_BYTES, 4LL * HD * max(Skv, 1), H * B)"
+    counted = "heads_per_section(SECTION_BYTES, 4LL * HEAD_DIM * max(Skv, 1), H * B)"
     assert counted in parts_["fwd/tile_scheduler.cuh"]
     assert gen.section_bytes_of(3, 1000) == 3 * 4 * gen.D * 1000  # the kernel's count, mirrored
     assert bwd.section_bytes_of(3, 2, 1000) == 3 * 4 * bwd.D * 2 * 1000  # the backward's (Q and dO)
@@ -415,7 +415,7 @@ def test_backward_sections_are_baked_in_and_checked():
     one at a time, the count in the kernel at least 1); bad values are refused by name."""
     assert "constexpr int SECTION_BYTES = 16777216;" in bwd.bwd_source(None, 0, section_bytes=16 << 20)
     assert "constexpr int SECTION_BYTES = 0;" in bwd.bwd_source(None, 0)
-    assert "heads_per_section(SECTION_BYTES, 4LL * HD * G * max(p.Sq, 1)" in bwd.bwd_source(None, 0)
+    assert "heads_per_section(SECTION_BYTES, 4LL * HEAD_DIM * G * max(p.Sq, 1)" in bwd.bwd_source(None, 0)
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="section_bytes"):
             bwd.bwd_source(None, 0, section_bytes=bad)
@@ -432,23 +432,26 @@ def test_the_backwards_passes_compile_for_sm90a_without_spills(cuda_compiler, dt
         assert " 0 bytes spill stores" in log, log
 
 
-def test_dq_from_acc_inverts_the_kernels_fragment_order():
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
+def test_dq_from_acc_inverts_the_kernels_fragment_order(head_dim):
     """Each consumer thread stores its dQ fragment (row 16 (warp % 4) + lane / 4 + 8 ((e / 2) % 2),
-    column 64 wg + 8 (e / 4) + 2 (lane % 4) + pair) at float ``wg * 4096 + ((e / 2) * 128 + tid %
-    128) * 2 + pair`` of its query block: the kernel's addressing, written out here per element."""
+    column n wg + 8 (e / 4) + 2 (lane % 4) + pair, n = HD / 2 its warpgroup's columns, HD the head
+    dim padded to 64-column blocks) at float ``wg * 64 n + ((e / 2) * 128 + tid % 128) * 2 + pair``
+    of its query block: the kernel's addressing, written out here per element."""
     B, H, Sq = 2, 3, 100
+    n = gen.padded_head_dim(head_dim) // 2
     rng = np.random.default_rng(0)
-    dq = rng.standard_normal((B, bwd.num_q_blocks(Sq) * bwd.BM, H, bwd.D)).astype(np.float32)
-    acc = np.zeros(bwd.dq_acc_shape(B, H, Sq), np.float32)
+    dq = rng.standard_normal((B, bwd.num_q_blocks(Sq) * bwd.BM, H, 2 * n)).astype(np.float32)
+    acc = np.zeros(bwd.dq_acc_shape(B, H, Sq, head_dim), np.float32)
     for tid in range(256):
         wg, warp, lane = tid // 128, (tid // 32) % 4, tid % 32
-        for e in range(32):
+        for e in range(n // 2):
             r = 16 * warp + lane // 4 + 8 * ((e // 2) % 2)
-            c = 64 * wg + 8 * (e // 4) + 2 * (lane % 4) + e % 2
-            flat = wg * 4096 + ((e // 2) * 128 + tid % 128) * 2 + e % 2
+            c = n * wg + 8 * (e // 4) + 2 * (lane % 4) + e % 2
+            flat = wg * 64 * n + ((e // 2) * 128 + tid % 128) * 2 + e % 2
             for i in range(acc.shape[2]):
                 acc[:, :, i, flat] = dq[:, i * bwd.BM + r, :, c]
-    np.testing.assert_array_equal(bwd.dq_from_acc(acc, Sq), dq[:, :Sq])
+    np.testing.assert_array_equal(bwd.dq_from_acc(acc, Sq, head_dim=head_dim), dq[:, :Sq, :, :head_dim])
 
 
 @pytest.mark.parametrize("xp", ["numpy", "jax"])

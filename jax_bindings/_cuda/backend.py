@@ -4,7 +4,8 @@ Implements the backend contract of :mod:`jax_bindings._dispatch` for the fused a
 masks that are one diagonal band in one of its forms (:func:`acsr.band_form`: dense, causal --
 top-left or bottom-right aligned --, causal windows, sliding windows, bands off the diagonal;
 bands measured from blocks of rows, as block-local; bands in interleaved phases, as dilated
-windows and strided, folded into heads by :mod:`jax_bindings._cuda.phases`), head dim 128, bfloat16
+windows and strided, folded into heads by :mod:`jax_bindings._cuda.phases`), the head dims of
+:data:`~jax_bindings._cuda.tile_shapes.HEAD_DIMS` (the backward: ``BWD_HEAD_DIMS``), bfloat16
 or float16, on a GPU of compute capability 9.0 (H100, H200). Queries at run-time positions
 (``q_offset``: decode and speculative decoding against a KV cache, contiguous or paged) run on
 the decode route the numbers favour (:func:`decode_route`): the Triton decode kernel
@@ -13,7 +14,7 @@ kernel (:mod:`jax_bindings._cuda.decode`) for every other layout of segments; lo
 at an offset (chunked prefill) on the forward band kernel shifted to the chunk's rows, on plain
 bands. Everything else is refused with ``NotImplementedError`` naming why, so ``backend="auto"``
 moves on (to the Triton backend): other masks, head dims and dtypes, longer chunks at an offset
-on other masks, soft-capping outside decode, the backward at an offset and the unfused ops. Runtime
+on other masks, the backward at an offset and the unfused ops. Runtime
 masks of lengths and segment ids are taken on plain bands (:mod:`jax_bindings._cuda.runtime_tables`). The
 backward (:mod:`jax_bindings._cuda.bwd_source`, through :func:`run_backward`) is offered on the
 bands :func:`~jax_bindings._cuda.plan.offered_bwd_variant` names (dense, causal, windows of
@@ -90,11 +91,9 @@ def _sm_count() -> int:
     return int(getattr(jax.devices("gpu")[0], "core_count", 132))
 
 
-def _runtime_kind(runtime, soft_cap, *, positions: bool = False) -> str:
+def _runtime_kind(runtime, *, positions: bool = False) -> str:
     """The kernels' runtime kind for ``runtime``; refuses what they cannot take (query positions
     unless ``positions``: the forward takes them, the backward does not)."""
-    if soft_cap is not None:
-        raise NotImplementedError("the cuda kernels take no logits soft-cap")
     return runtime_tables.kind(runtime, positions=positions)
 
 
@@ -107,13 +106,15 @@ def _ctas(grid: tuple[int, int, int], slot_bytes: int) -> int:
 
 
 def run_forward(name: str, image: bytes, grid: tuple[int, int, int], smem: int, maps: bytes, q, k, v,
-                scale: float, rt_arrays: tuple = (), *, zero_ticket: bool = True):
+                scale: float, rt_arrays: tuple = (), *, zero_ticket: bool = True,
+                threads: int = source.THREADS):
     """``(out, lse)`` of the forward kernel ``name`` in the cubin ``image``, launched on ``grid``
     (:func:`~jax_bindings._cuda.plan.grid` of the kernel's schedule) with ``smem`` bytes of shared
     memory and the tensor-map templates ``maps`` (the kernel signature of
     :mod:`jax_bindings._cuda.source`); ``rt_arrays``: the arrays the kernel takes after the
     templates: the runtime mask's (:func:`~jax_bindings._cuda.runtime_tables.fwd_arrays`), or a
-    grid layout's tables (:func:`~jax_bindings._cuda.grid_tiles.grid_plan`). ``zero_ticket``:
+    grid layout's tables (:func:`~jax_bindings._cuda.grid_tiles.grid_plan`); ``threads``: the
+    variant's CTA size (its ``threads``). ``zero_ticket``:
     zero the ticket counter ``sem`` before the launch, as a schedule that takes tickets needs
     (:func:`~jax_bindings._cuda.source.takes_tickets`; elsewhere a memset and its gap for nothing)."""
     B, Sq, H, D = q.shape
@@ -122,7 +123,7 @@ def run_forward(name: str, image: bytes, grid: tuple[int, int, int], smem: int, 
         name=name,
         image=image,
         grid=grid,
-        threads=source.THREADS,
+        threads=threads,
         smem=smem,
         scalars=(("i32", Sq), ("i32", k.shape[1]), ("i32", H), ("i32", k.shape[2]), ("i32", B),
                  ("fp32", float(scale) * LOG2E)),
@@ -141,15 +142,15 @@ def run_forward(name: str, image: bytes, grid: tuple[int, int, int], smem: int, 
 GRID_OPS = ("attention_fwd", "attention_bwd")
 
 
-def _grid_forward(q, k, v, layout: ACSR, scale: float, rt: str):
-    variant = plan.grid_fwd_variant(layout, q.shape[-1], jnp.dtype(q.dtype).name, rt)
+def _grid_forward(q, k, v, layout: ACSR, scale: float, rt: str, soft_cap):
+    variant = plan.grid_fwd_variant(layout, q.shape[-1], jnp.dtype(q.dtype).name, rt, soft_cap)
     name, image = plan.compiled(variant)
     tiles = variant.tiles
     grid = plan.grid(q.shape, variant.schedule, _sm_count(), tiles.n_patches)
     maps = plan.grid_tensor_maps(tiles, q.shape, k.shape, v.shape)
     tables = jnp.asarray(grid_tiles.grid_plan(layout.grid).tables)
     return run_forward(name, image, grid, variant.smem, maps, q, k, v, scale, (tables,),
-                       zero_ticket=source.takes_tickets(variant.schedule))
+                       zero_ticket=source.takes_tickets(variant.schedule), threads=variant.threads)
 
 
 @functools.cache
@@ -184,14 +185,14 @@ def attention_fwd(q, k, v, runtime, layout: ACSR, scale: float, soft_cap=None):
     positions = runtime is not None and runtime.q_pos is not None
     if positions and q.shape[1] <= decode.MAX_TOKENS:
         return decode_route(q, k, v, runtime, layout, scale, soft_cap)
-    rt = _runtime_kind(runtime, soft_cap, positions=True)
+    rt = _runtime_kind(runtime, positions=True)
     if layout.grid is not None:
         if positions:
             raise NotImplementedError("the cuda grid forward takes no query positions (q_offset)")
-        return _grid_forward(q, k, v, layout, scale, rt)
+        return _grid_forward(q, k, v, layout, scale, rt, soft_cap)
     dtype = jnp.dtype(q.dtype).name
     d = plan.band_form(layout, q.shape[-1], dtype, rt).phases
-    variant = plan.fwd_variant(layout, q.shape[-1], dtype, rt, shifted=positions)
+    variant = plan.fwd_variant(layout, q.shape[-1], dtype, rt, shifted=positions, soft_cap=soft_cap)
     if d > 1:
         q, k, v = (phases.fold(x, d) for x in (q, k, v))
     name, image = plan.compiled(variant)
@@ -199,17 +200,17 @@ def attention_fwd(q, k, v, runtime, layout: ACSR, scale: float, soft_cap=None):
     maps = plan.tensor_maps(variant.block_n, q.shape, k.shape, v.shape)
     rt_arrays = runtime_tables.fwd_arrays(runtime, variant.block_n, layout.q_len) if rt else ()
     out, lse = run_forward(name, image, grid, variant.smem, maps, q, k, v, scale, rt_arrays,
-                           zero_ticket=source.takes_tickets(variant.schedule))
+                           zero_ticket=source.takes_tickets(variant.schedule), threads=variant.threads)
     return (phases.unfold(out, d), phases.unfold_rows(lse, d)) if d > 1 else (out, lse)
 
 
 def run_backward(name: str, image: bytes, smem: int, maps: bytes, q, k, v, out, lse, dout, scale: float,
-                 rt_arrays: tuple = (), *, ordered: bool):
+                 rt_arrays: tuple = (), *, ordered: bool, threads: int = bwd_source.THREADS):
     """``(dq, dk, dv)`` from the backward kernel ``name`` in the cubin ``image`` (the kernel
     signature of :mod:`jax_bindings._cuda.bwd_source`); ``lse`` as the forward gave it;
     ``rt_arrays`` as :func:`~jax_bindings._cuda.runtime_tables.bwd_arrays` gives them;
     ``ordered``: the kernel's dQ order (an ordered kernel stores each block's first part, so its
-    ``dq_acc`` is not zeroed before the launch)."""
+    ``dq_acc`` is not zeroed before the launch); ``threads``: the variant's CTA size."""
     B, Sq, H, D = q.shape
     Skv, Hkv = k.shape[1], k.shape[2]
     grid = plan.bwd_grid(k.shape, _sm_count())
@@ -221,11 +222,12 @@ def run_backward(name: str, image: bytes, smem: int, maps: bytes, q, k, v, out, 
         name=name,
         image=image,
         grid=grid,
-        threads=bwd_source.THREADS,
+        threads=threads,
         smem=smem,
         scalars=(("i32", Sq), ("i32", Skv), ("i32", H), ("i32", Hkv), ("i32", B),
                  ("fp32", float(scale) * LOG2E), ("fp32", float(scale))),
-        outs=(((B, Skv, Hkv, D), dt), ((B, Skv, Hkv, D), dt), (bwd_source.dq_acc_shape(B, H, Sq), "float32"),
+        outs=(((B, Skv, Hkv, D), dt), ((B, Skv, Hkv, D), dt),
+              (bwd_source.dq_acc_shape(B, H, Sq, D), "float32"),
               ((bwd_source.sem_words(B, H, Sq),), "int32"), ((n_ctas * bwd_source.SLOT_BYTES,), "uint8")),
         cc=90,
         zeroed=(3,) if ordered else (2, 3),
@@ -234,17 +236,17 @@ def run_backward(name: str, image: bytes, smem: int, maps: bytes, q, k, v, out, 
     dk, dv, dq_acc, _sem, _slots = launch.run(
         spec, q, k.astype(q.dtype), v.astype(q.dtype), dout.astype(q.dtype), lse2, delta, templates,
         *rt_arrays)
-    dq = bwd_passes.dq_rows(dq_acc, lse2, Sq, scale, q.dtype)
+    dq = bwd_passes.dq_rows(dq_acc, lse2, Sq, scale, q.dtype, D)
     return dq, dk.astype(k.dtype), dv.astype(v.dtype)
 
 
 def attention_bwd(q, k, v, runtime, out, lse, dout, layout: ACSR, scale: float, soft_cap=None):
     """``(dq, dk, dv)`` from the generated backward kernel, on the bands
     :func:`~jax_bindings._cuda.plan.offered_bwd_variant` offers it for (folded as the forward)."""
-    rt = _runtime_kind(runtime, soft_cap)
+    rt = _runtime_kind(runtime)
     dtype = jnp.dtype(q.dtype).name
     d = plan.band_form(layout, q.shape[-1], dtype, rt).phases
-    variant = plan.offered_bwd_variant(layout, q.shape[-1], dtype, rt)
+    variant = plan.offered_bwd_variant(layout, q.shape[-1], dtype, rt, soft_cap)
     if d > 1:
         q, k, v, out, dout = (phases.fold(x, d) for x in (q, k, v, out, dout))
         lse = phases.fold_rows(lse, d)
@@ -252,7 +254,7 @@ def attention_bwd(q, k, v, runtime, out, lse, dout, layout: ACSR, scale: float, 
     maps = plan.bwd_tensor_maps(q.shape, k.shape)
     rt_arrays = runtime_tables.bwd_arrays(runtime) if rt else ()
     dq, dk, dv = run_backward(name, image, variant.smem, maps, q, k, v, out, lse, dout, scale, rt_arrays,
-                              ordered=variant.ordered)
+                              ordered=variant.ordered, threads=variant.threads)
     return (phases.unfold(dq, d), phases.unfold(dk, d), phases.unfold(dv, d)) if d > 1 else (dq, dk, dv)
 
 

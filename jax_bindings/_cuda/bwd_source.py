@@ -33,7 +33,8 @@ unless it started late enough. First-first on the last section only keeps most o
 Mask: as the forward's, ``a(i) - left <= j <= a(i) + right``, ``0 <= j < Skv``, ``a(i) = i`` or
 its block's first row (``band_block``); a key block's walk is the rows whose ``a(i)`` is in
 ``[n0 - right, n0 + BN - 1 + left]``, which never moves back from one key block to the next.
-Inputs ``q, dout [B, Sq, H, D]``, ``k, v [B, Skv, Hkv, D]`` (bf16 or fp16, ``D = 128``),
+Inputs ``q, dout [B, Sq, H, D]``, ``k, v [B, Skv, Hkv, D]`` (bf16 or fp16; ``D`` padded to 128
+columns at most: 64, 96, 128; the tiles are :func:`source.padded_head_dim` wide),
 ``lse2 [B, H, Sq_pad]`` (the forward's lse times log2(e); ``+inf`` on a row with no key and on
 the padding to ``Sq_pad``, a multiple of 64), ``delta [B, H, Sq_pad]`` (rowsum(dout * out), 0 on
 the padding). Outputs ``dk``, ``dv`` like k, v (dk times ``scale``), ``dq_acc`` fp32
@@ -61,44 +62,51 @@ SLOT_BYTES = 512  # K, V, Q and dO tensor maps of a CTA
 STAT_BYTES = 2 * BM * 4  # one step's lse and delta
 
 
-DQ_TILE = BM * D * 4  # one step's dQ, fp32
+def dq_tile_bytes(head_dim: int = D) -> int:
+    """One step's dQ, fp32, over the tiles' :func:`source.padded_head_dim` columns."""
+    return BM * source.padded_head_dim(head_dim) * 4
 
 
-
-def smem_bytes(stages: int) -> int:
+def smem_bytes(stages: int, head_dim: int = D) -> int:
     """K and V, ``stages`` Q/dO buffers with their lse/delta, two dS^T buffers, two dQ buffers, the
-    mbarriers and the ticket (padded to 128), four tensor-map staging buffers, 1 KiB for alignment."""
-    kv, qdo, ds = 2 * BN * D * 2, 2 * BM * D * 2, BN * BM * 2
+    mbarriers and the ticket (padded to 128), four tensor-map staging buffers, 1 KiB for alignment;
+    tiles :func:`source.padded_head_dim` columns wide."""
+    hd = source.padded_head_dim(head_dim)
+    kv, qdo, ds = 2 * BN * hd * 2, 2 * BM * hd * 2, BN * BM * 2
     bars = -(-(8 * (5 + 2 * stages) + 16) // 128) * 128
-    return kv + stages * (qdo + STAT_BYTES) + 2 * ds + 2 * DQ_TILE + bars + 4 * 128 + 1024
+    return kv + stages * (qdo + STAT_BYTES) + 2 * ds + 2 * dq_tile_bytes(head_dim) + bars + 4 * 128 + 1024
 
 
 def num_q_blocks(sq: int) -> int:
     return -(-sq // BM)
 
 
-# A query block's dQ in ``dq_acc`` is in the consumers' fragment order, so that a warp's stores
-# to shared memory are 256 contiguous bytes and the block is one bulk reduction: the axes of a
-# block, outermost first, are (warpgroup w, column group cg, row half rh, warp wq, lane / 4 l4,
-# lane % 4 l2, pair), holding row 16 wq + 8 rh + l4 and column 64 w + 8 cg + 2 l2 + pair.
-_FRAGMENT_AXES = (2, 8, 2, 4, 8, 4, 2)
+def fragment_axes(head_dim: int = D) -> tuple[int, ...]:
+    """A query block's dQ in ``dq_acc`` is in the consumers' fragment order, so that a warp's stores
+    to shared memory are 256 contiguous bytes and the block is one bulk reduction: the axes of a
+    block, outermost first, are (warpgroup w, column group cg, row half rh, warp wq, lane / 4 l4,
+    lane % 4 l2, pair), holding row 16 wq + 8 rh + l4 and column ``HD / 2`` w + 8 cg + 2 l2 + pair
+    (``HD``: :func:`source.padded_head_dim`; each warpgroup computes half its columns)."""
+    return 2, source.padded_head_dim(head_dim) // 16, 2, 4, 8, 4, 2
 
 
-def dq_acc_shape(b: int, h: int, sq: int) -> tuple[int, int, int, int]:
-    """Shape of the kernel's fp32 ``dq_acc``: ``[B, H, query blocks, BM * D]``."""
-    return b, h, num_q_blocks(sq), BM * D
+def dq_acc_shape(b: int, h: int, sq: int, head_dim: int = D) -> tuple[int, int, int, int]:
+    """Shape of the kernel's fp32 ``dq_acc``: ``[B, H, query blocks, BM * HD]`` (``HD``:
+    :func:`source.padded_head_dim`)."""
+    return b, h, num_q_blocks(sq), BM * source.padded_head_dim(head_dim)
 
 
-def dq_from_acc(acc, sq: int, lse=None):
-    """``dq_acc`` (NumPy or JAX array, :func:`dq_acc_shape`) as ``[B, Sq, H, D]``; with ``lse``
+def dq_from_acc(acc, sq: int, lse=None, head_dim: int = D):
+    """``dq_acc`` (NumPy or JAX array, :func:`dq_acc_shape`) as ``[B, Sq, H, head_dim]``; with ``lse``
     (the forward's, ``[B, H, Sq]``), 0 on the rows that see no key (``lse = -inf``), whatever
     ``dq_acc`` holds there: the ordered kernel never writes a query block no key block reaches.
     What ``bwd_passes.dq_rows`` does on the GPU (before the scale), written with array operations:
     the tests' reference for it and for the fragment order."""
     b, h, nq, _ = acc.shape
-    blocks = acc.reshape(b, h, nq, *_FRAGMENT_AXES)
+    hd = source.padded_head_dim(head_dim)
+    blocks = acc.reshape(b, h, nq, *fragment_axes(head_dim))
     # to (B, nq, wq, rh, l4, H, w, cg, l2, pair)
-    rows = blocks.transpose(0, 2, 6, 5, 7, 1, 3, 4, 8, 9).reshape(b, nq * BM, h, D)[:, :sq]
+    rows = blocks.transpose(0, 2, 6, 5, 7, 1, 3, 4, 8, 9).reshape(b, nq * BM, h, hd)[:, :sq, :, :head_dim]
     if lse is None:
         return rows
     xp = rows.__array_namespace__()
@@ -106,11 +114,11 @@ def dq_from_acc(acc, sq: int, lse=None):
     return xp.where(seen, rows, xp.zeros((), dtype=rows.dtype))
 
 
-def section_bytes_of(kv_heads: int, group: int, sq: int) -> int:
+def section_bytes_of(kv_heads: int, group: int, sq: int, head_dim: int = D) -> int:
     """``section_bytes`` that makes the backward's sections ``kv_heads`` (batch, KV head)s of
     ``group`` query heads each at ``sq`` queries: Q and dO counted as the kernel counts them
-    (``4 * D * group * Sq`` bytes a KV head)."""
-    return kv_heads * 4 * D * group * sq
+    (``4 * head_dim * group * Sq`` bytes a KV head)."""
+    return kv_heads * 4 * head_dim * group * sq
 
 
 def sem_words(b: int, h: int, sq: int) -> int:
@@ -126,7 +134,8 @@ KEY_ORDERS = ("last_first", "first_first_at_end", "first_first")
 
 def program(left: int | None, right: int | None, *, stages: int = 2, dtype: str = "bfloat16",
             ordered: bool = True, runtime: str = "", section_bytes: int = 0,
-            key_order: str = "last_first", band_block: int = 1) -> parts.Program:
+            key_order: str = "last_first", band_block: int = 1, head_dim: int = D,
+            soft_cap: float | None = None) -> parts.Program:
     """The backward kernel's program (``kernels/bwd/bwd.cu``, its parts and a generated header of
     its constants) for the mask ``a(i) - left <= j <= a(i) + right`` (``None``: unbounded),
     ``a(i) = i - i % band_block`` (as in :func:`source.source`).
@@ -139,15 +148,22 @@ def program(left: int | None, right: int | None, *, stages: int = 2, dtype: str 
     ``section_bytes``: items are taken in sections of as many (batch, KV head)s as that many
     bytes of their Q and dO hold at the call's ``Sq`` (at least one; 0: one), a key block of
     each in turn. ``key_order`` (:data:`KEY_ORDERS`): the order of a head's key blocks in the
-    tickets and in each query block's dQ sum (module docstring).
+    tickets and in each query block's dQ sum (module docstring). ``head_dim`` and ``soft_cap``: as
+    the forward's (:func:`source.program`); the cap's derivative ``1 - tanh^2`` scales dS.
     """
     source.check_arguments(left, right, stages, dtype, band_block)
+    source.check_head_dim(head_dim)
+    source.check_soft_cap(soft_cap)
+    hd = source.padded_head_dim(head_dim)
+    if hd > 128:
+        raise ValueError(f"head_dim must pad to 128 columns or fewer in the backward, got {head_dim}")
     source.check_section_bytes(section_bytes)
     if key_order not in KEY_ORDERS:
         raise ValueError(f"key_order must be one of {KEY_ORDERS}, got {key_order!r}")
     rt_params, rt_locals = source.runtime_signature(runtime, BWD_RUNTIME_ARRAYS)
     constants = {
-        "BM": BM, "BN": BN, "HD": D, "STAGES": stages,
+        "BM": BM, "BN": BN, "HD": hd, "HEAD_DIM": head_dim, "SOFT_CAP": float(soft_cap or 0.0),
+        "STAGES": stages,
         "LEFT": source.bound(left), "RIGHT": source.bound(right),
         "BAND_BLOCK": band_block, "UNBOUNDED": source.UNBOUNDED, "ORDERED": ordered,
         "FIRST_FIRST": KEY_ORDERS.index(key_order), "RT": source.RUNTIMES[runtime],
@@ -155,8 +171,8 @@ def program(left: int | None, right: int | None, *, stages: int = 2, dtype: str 
         "CONSUMER_WARPS": source.CONSUMER_WARPS, "CONSUMER_REGS": source.CONSUMER_REGS,
         "PRODUCER_REGS": source.PRODUCER_REGS, "SLOT_BYTES": SLOT_BYTES,
     }
-    wgmma = (source.wgmma_ss(64, dtype=dtype) + source.wgmma_ss(64, transposed=True, dtype=dtype)
-             + source.wgmma_rs(D, dtype=dtype))
+    wgmma = (source.wgmma_ss(64, dtype=dtype) + source.wgmma_ss(hd // 2, transposed=True, dtype=dtype)
+             + source.wgmma_rs(hd, dtype=dtype))
     header = parts.constants_header(
         "cfg", constants, types={"Elem": source.ELEMENT_TYPES[dtype]},
         includes=("common/types.cuh", "common/wgmma.cuh"),

@@ -17,10 +17,7 @@ from dataclasses import dataclass
 
 import acsr
 from acsr import ACSR
-from jax_bindings._cuda import bwd_source, compiler, grid_tiles, parts, source, tensor_map
-
-HEAD_DIMS = (source.D,)
-DTYPES = tuple(source.ELEMENTS)
+from jax_bindings._cuda import bwd_source, compiler, grid_tiles, parts, source, tensor_map, tile_shapes
 
 
 @dataclass(frozen=True)
@@ -28,10 +25,11 @@ class FwdVariant:
     """One generated forward kernel: the band baked in and the schedule.
 
     ``block_n``: keys per tile (176 on the dense mask, whose long rows amortise the wider tile's
-    edge; 128 elsewhere: measured on H100, see ``benchmarks/NOTES.md``); ``stages``: K/V ring
-    depth; consumer overlap and ping-pong always on (the spike's best on every mask);
-    ``schedule`` (:data:`source.SCHEDULES`) and ``section_bytes``: how CTAs get work tiles, by
-    measurement on H100 (``benchmarks/spike_cuda_persistent.py``, NOTES.md sessions 11-12).
+    edge: 1.00-1.03x 128 keys on H100; 128 elsewhere: 176 ran a causal window at 0.87-0.90x);
+    ``stages``: K/V ring depth; consumer overlap and ping-pong always on (ping-pong: +5-10% on
+    a window, within run-to-run noise on dense);
+    ``schedule`` (:data:`source.SCHEDULES`) and ``section_bytes``: how CTAs get work tiles, as
+    measured on H100.
     ``"queue"``, one CTA per SM taking tiles by ticket: on dense a head after another
     (``section_bytes=0``; 1.02-1.04x the grid launch); on causal in sections of the heads whose
     K/V fit :data:`QUEUE_SECTION_BYTES`, longest walks first across a section (1.19x / 1.02x the
@@ -43,7 +41,7 @@ class FwdVariant:
     ``q_stages``: Q tiles in shared memory, 2 where they fit (:func:`with_two_q_tiles`).
     ``o_store`` (:data:`source.O_STORES`): how the epilogue writes ``out``; the planner's
     variants store it by TMA from the Q tile (1.03-1.05x on the windows and dense at S = 16384
-    against stores from registers, NOTES.md session 18).
+    against stores from registers).
     ``band_block``: rows measure the band from their block's first row (:class:`acsr.BandForm`).
     ``shifted``: queries at run-time positions, a chunk at an offset into the keys (chunked
     prefill; :func:`source.source`'s ``shifted``).
@@ -60,6 +58,8 @@ class FwdVariant:
     o_store: str = "registers"
     band_block: int = 1
     shifted: bool = False
+    head_dim: int = source.D
+    soft_cap: float | None = None
 
     def __post_init__(self):
         source.check_schedule(self.schedule)
@@ -69,7 +69,8 @@ class FwdVariant:
         return source.program(
             self.band.left, self.band.right, stages=self.stages, block_n=self.block_n, dtype=self.dtype,
             schedule=self.schedule, section_bytes=self.section_bytes, runtime=self.runtime,
-            q_stages=self.q_stages, o_store=self.o_store, band_block=self.band_block, shifted=self.shifted)
+            q_stages=self.q_stages, o_store=self.o_store, band_block=self.band_block, shifted=self.shifted,
+            head_dim=self.head_dim, soft_cap=self.soft_cap)
 
     def named_source(self) -> tuple[str, str]:
         """``(kernel name, CUDA C++)``: the program as one text (:meth:`parts.Program.flat`)."""
@@ -78,7 +79,8 @@ class FwdVariant:
 
     @property
     def smem(self) -> int:
-        return source.smem_bytes(self.stages, self.block_n, self.runtime, self.q_stages, self.o_store)
+        return source.smem_bytes(self.stages, self.block_n, self.runtime, self.q_stages, self.o_store,
+                                 self.head_dim)
 
     @property
     def threads(self) -> int:
@@ -97,13 +99,15 @@ class GridFwdVariant:
     schedule: str = "strided"
     section_bytes: int = 0
     q_stages: int = 1
+    head_dim: int = source.D
+    soft_cap: float | None = None
 
     def program(self) -> parts.Program:
         """The kernel's program (:func:`source.program` with ``grid=``)."""
         return source.program(
             None, None, stages=self.stages, block_n=self.tiles.block_n, dtype=self.dtype,
             schedule=self.schedule, section_bytes=self.section_bytes, grid=self.tiles,
-            q_stages=self.q_stages)
+            q_stages=self.q_stages, head_dim=self.head_dim, soft_cap=self.soft_cap)
 
     def named_source(self) -> tuple[str, str]:
         """``(kernel name, CUDA C++)``: the program as one text (:meth:`parts.Program.flat`)."""
@@ -112,7 +116,8 @@ class GridFwdVariant:
 
     @property
     def smem(self) -> int:
-        return source.smem_bytes(self.stages, self.tiles.block_n, q_stages=self.q_stages)
+        return source.smem_bytes(self.stages, self.tiles.block_n, q_stages=self.q_stages,
+                                 head_dim=self.head_dim)
 
     @property
     def threads(self) -> int:
@@ -136,13 +141,15 @@ class BwdVariant:
     section_bytes: int = 0
     key_order: str = "last_first"
     band_block: int = 1
+    head_dim: int = source.D
+    soft_cap: float | None = None
 
     def program(self) -> parts.Program:
         """The kernel's program (:func:`bwd_source.program`)."""
         return bwd_source.program(
             self.band.left, self.band.right, stages=self.stages, dtype=self.dtype, ordered=self.ordered,
             runtime=self.runtime, section_bytes=self.section_bytes, key_order=self.key_order,
-            band_block=self.band_block)
+            band_block=self.band_block, head_dim=self.head_dim, soft_cap=self.soft_cap)
 
     def named_source(self) -> tuple[str, str]:
         """``(kernel name, CUDA C++)``: the program as one text (:meth:`parts.Program.flat`)."""
@@ -151,18 +158,11 @@ class BwdVariant:
 
     @property
     def smem(self) -> int:
-        return bwd_source.smem_bytes(self.stages)
+        return bwd_source.smem_bytes(self.stages, self.head_dim)
 
     @property
     def threads(self) -> int:
         return bwd_source.THREADS
-
-
-def _check_call(head_dim: int, dtype: str) -> None:
-    if head_dim not in HEAD_DIMS:
-        raise NotImplementedError(f"the cuda kernels take head dim {HEAD_DIMS}, got {head_dim}")
-    if dtype not in DTYPES:
-        raise NotImplementedError(f"the cuda kernels take dtypes {DTYPES}, got {dtype}")
 
 
 @functools.lru_cache(maxsize=256)
@@ -173,7 +173,7 @@ def band_form(layout: ACSR, head_dim: int, dtype: str, runtime: str = "") -> acs
     and ``d`` times the heads (the backend folds the arrays, :mod:`jax_bindings._cuda.phases`). A
     runtime mask is taken on plain bands only (on the other forms the kernels were not tested
     with one)."""
-    _check_call(head_dim, dtype)
+    tile_shapes.check_call(head_dim, dtype)
     if layout.grid is not None:
         raise NotImplementedError("the cuda backward takes no grid layout (the spatial-tile forward only)")
     form = acsr.band_form(layout)
@@ -191,7 +191,7 @@ def band_form(layout: ACSR, head_dim: int, dtype: str, runtime: str = "") -> acs
 # Q and dO bytes of the (batch, KV head)s whose items the backward takes in turn (a section): 4
 # heads at S = 8192, 2 at 16384, 1 from 32768. Against one head at a time, two runs: dense 1.04-
 # 1.05x, causal 1.01-1.04x, the windows 1.00-1.04x at 8192; 0.98-1.02x at 16384; 24 MiB and more
-# lose 7-43% on causal (NOTES.md, session 18).
+# lose 7-43% on causal.
 BWD_SECTION_BYTES = 16 << 20
 
 
@@ -200,16 +200,19 @@ def key_order(band: acsr.Band) -> str:
     ``"first_first_at_end"`` where rows see every key behind them and not all ahead (causal: the
     first key blocks walk the most query blocks, and taken last they leave a tail; 1.09x the
     backward at S = 8192, 1.03x at 16384), else ``"last_first"`` (dense, windows: walks of about
-    one length; 0.98-0.99x on a causal window of 1024). Measured on H100 (``benchmarks/NOTES.md``,
-    session 19). Its gradients' bits depend on the heads' sections (which heads take which order)."""
+    one length; 0.98-0.99x on a causal window of 1024), measured on H100. Its gradients' bits
+    depend on the heads' sections (which heads take which order)."""
     return "first_first_at_end" if band.left is None and band.right is not None else "last_first"
 
 
-def bwd_variant(layout: ACSR, head_dim: int, dtype: str, runtime: str = "") -> BwdVariant:
+def bwd_variant(layout: ACSR, head_dim: int, dtype: str, runtime: str = "",
+                soft_cap: float | None = None) -> BwdVariant:
     """The backward kernel for this call, or NotImplementedError saying why none is generated."""
+    tile_shapes.bwd_tile(head_dim, dtype)
     form = band_form(layout, head_dim, dtype, runtime)
     return BwdVariant(form.band, dtype, runtime=runtime, section_bytes=BWD_SECTION_BYTES,
-                      key_order=key_order(form.band), band_block=form.block)
+                      key_order=key_order(form.band), band_block=form.block, head_dim=head_dim,
+                      soft_cap=soft_cap)
 
 
 # Query rows a key block's walk covers (``left + right + BN``) from which the backend offers
@@ -217,7 +220,8 @@ def bwd_variant(layout: ACSR, head_dim: int, dtype: str, runtime: str = "") -> B
 MIN_BWD_BAND_ROWS = 640
 
 
-def offered_bwd_variant(layout: ACSR, head_dim: int, dtype: str, runtime: str = "") -> BwdVariant:
+def offered_bwd_variant(layout: ACSR, head_dim: int, dtype: str, runtime: str = "",
+                        soft_cap: float | None = None) -> BwdVariant:
     """The backward kernel the backend runs for this call, or NotImplementedError saying why not.
 
     Offered where each key block walks at least 10 query blocks (a band of
@@ -225,9 +229,9 @@ def offered_bwd_variant(layout: ACSR, head_dim: int, dtype: str, runtime: str = 
     and causal windows of ~500 and more). On H100 it is 1.42-1.52x the Triton backward on dense
     and causal, 1.24x on a causal window of 1024 (18 steps) and 1.02-1.04x on a sliding window
     (256, 256) (11 steps) at S = 8192 and 16384; narrower windows, not measured, go to the next
-    backend (``benchmarks/NOTES.md``, session 11).
+    backend.
     """
-    variant = bwd_variant(layout, head_dim, dtype, runtime)
+    variant = bwd_variant(layout, head_dim, dtype, runtime, soft_cap)
     band = variant.band
     if band.left is not None and band.right is not None:
         rows = band.left + band.right + variant.band_block - 1 + bwd_source.BN
@@ -235,12 +239,12 @@ def offered_bwd_variant(layout: ACSR, head_dim: int, dtype: str, runtime: str = 
             raise NotImplementedError(
                 f"the cuda backward is offered on bands of {MIN_BWD_BAND_ROWS} rows or more with a key "
                 f"block (this one: {rows}); narrower windows were not measured faster than the Triton "
-                "backward on H100 (benchmarks/NOTES.md, session 11)")
+                "backward on H100")
     return variant
 
 
 # K/V bytes of the heads a causal forward's queue interleaves (a section): 4 heads at S = 8192,
-# 2 at 16384; measured against 32 and 64 MiB and one head (NOTES.md, session 12).
+# 2 at 16384; on causal (H100) 1.02x sections of 32 MiB and 1.02-1.06x sections of 64 MiB.
 QUEUE_SECTION_BYTES = 16 << 20
 
 
@@ -248,56 +252,66 @@ QUEUE_SECTION_BYTES = 16 << 20
 # patch walks more than GRID_SECTION_MIN_KEYS keys: there the patches of every head running at
 # once do not share L2 (63x63 on 128x128, 4860 keys a patch: 1.15x with sections of 4 heads at
 # S = 16384, against 1, 2, 8 and all 16 interleaved); with shorter walks (3-D (5, 9, 9), 1176;
-# 15x15, 660) all heads interleaved measured as fast or 3% faster (NOTES.md, session 15).
+# 15x15, 660) all heads interleaved measured as fast or 3% faster.
 GRID_SECTION_BYTES = 32 << 20
 GRID_SECTION_MIN_KEYS = 4096
 
 
-def grid_fwd_variant(layout: ACSR, head_dim: int, dtype: str, runtime: str = "") -> GridFwdVariant:
+def grid_fwd_variant(layout: ACSR, head_dim: int, dtype: str, runtime: str = "",
+                     soft_cap: float | None = None) -> GridFwdVariant:
     """The forward kernel on the grid layout ``layout``, or NotImplementedError saying why none
-    is generated (a runtime mask, or geometry :func:`grid_tiles.supported` refuses)."""
-    _check_call(head_dim, dtype)
+    is generated (a runtime mask, geometry :func:`grid_tiles.supported` refuses, or a key tile
+    too wide for the head dim's shared memory)."""
+    tile_shapes.check_call(head_dim, dtype)
     if runtime:
         raise NotImplementedError("the cuda grid forward takes no runtime mask")
     p = grid_tiles.grid_plan(layout.grid)
     section = GRID_SECTION_BYTES if p.keys_per_patch > GRID_SECTION_MIN_KEYS else 0
-    return GridFwdVariant(p.tiles, dtype, section_bytes=section)
+    variant = GridFwdVariant(p.tiles, dtype, section_bytes=section, head_dim=head_dim, soft_cap=soft_cap)
+    if variant.smem > source.SMEM_LIMIT:
+        raise NotImplementedError(
+            f"the grid's key tile of {p.tiles.block_n} keys at head dim {head_dim} needs {variant.smem} "
+            f"bytes of shared memory, over the {source.SMEM_LIMIT} a CTA takes")
+    return variant
 
 
-def fwd_variant(layout: ACSR, head_dim: int, dtype: str, runtime: str = "", shifted: bool = False
-                ) -> FwdVariant | GridFwdVariant:
+def fwd_variant(layout: ACSR, head_dim: int, dtype: str, runtime: str = "", shifted: bool = False,
+                soft_cap: float | None = None) -> FwdVariant | GridFwdVariant:
     """The forward kernel for this call (``runtime``: the runtime mask's kind; ``shifted``: queries
     at run-time positions), or NotImplementedError saying why none is generated.
 
     A shifted chunk on a band unbounded on the left (causal, dense) takes dense's tiles of 176 keys,
     one head after another: its rows are ``offset`` keys longer than the band's own rows, the
     wide tile amortises their edge (2048 causal queries at offsets 0, 14336 and 30720 of 32768
-    keys: 1.08x, 1.08x and 1.06x causal's plan; 1.01-1.03x FA3 on H200, NOTES.md session 28).
-    Other shifted bands take their band's plan: their walks are the window's."""
+    keys: 1.08x, 1.08x and 1.06x causal's plan; 1.01-1.03x FA3 on H200).
+    Other shifted bands take their band's plan: their walks are the window's. Key tiles by head
+    dim: :func:`tile_shapes.fwd_tile`."""
     if layout.grid is not None:
         if shifted:
             raise NotImplementedError("the cuda grid forward takes no query positions (q_offset)")
-        return grid_fwd_variant(layout, head_dim, dtype, runtime)
+        return grid_fwd_variant(layout, head_dim, dtype, runtime, soft_cap)
     form = band_form(layout, head_dim, dtype, runtime)
     if shifted and (form.phases > 1 or form.block > 1 or not runtime):
         raise NotImplementedError("the cuda forward takes query positions (q_offset) on plain bands")
     band, block = form.band, form.block
+    at = dict(runtime=runtime, o_store="tma", shifted=shifted, head_dim=head_dim, soft_cap=soft_cap)
     if band.left is None and (band.right is None or shifted):
-        return FwdVariant(band, dtype, block_n=176, schedule="queue", runtime=runtime, o_store="tma",
-                          shifted=shifted)
+        tile = tile_shapes.fwd_tile(head_dim, dtype, "long", runtime)
+        return FwdVariant(band, dtype, block_n=tile.block_n, stages=tile.stages, schedule="queue", **at)
+    tile = tile_shapes.fwd_tile(head_dim, dtype, "band", runtime)
     if band.left is None:
-        variant = FwdVariant(band, dtype, schedule="queue", section_bytes=QUEUE_SECTION_BYTES,
-                             runtime=runtime, o_store="tma", band_block=block, shifted=shifted)
+        variant = FwdVariant(band, dtype, block_n=tile.block_n, stages=tile.stages, schedule="queue",
+                             section_bytes=QUEUE_SECTION_BYTES, band_block=block, **at)
     else:
-        variant = FwdVariant(band, dtype, schedule="strided", runtime=runtime, o_store="tma",
-                             band_block=block, shifted=shifted)
+        variant = FwdVariant(band, dtype, block_n=tile.block_n, stages=tile.stages, schedule="strided",
+                             band_block=block, **at)
     return with_two_q_tiles(variant)
 
 
 def with_two_q_tiles(variant: FwdVariant) -> FwdVariant:
     """``variant`` with a second Q tile where shared memory holds one (128-key tiles, 2 stages):
     the next work tile's Q and first K/V tiles then load during the current walk (1.01-1.035x on
-    the windows, NOTES.md session 17; dense's 176-key tiles leave no room)."""
+    the windows; dense's 176-key tiles leave no room)."""
     two = dataclasses.replace(variant, q_stages=2)
     return two if two.smem <= source.SMEM_LIMIT else variant
 

@@ -7,10 +7,9 @@ concern: the tile scheduler (``grid``, ``strided``, ``queue``), the work tiles' 
 parts any kernel may use are in ``kernels/common/``. :func:`program` is a variant's program: the
 parts and one generated header of its constants (``fwd_config.cuh``: tile sizes, the band, the
 schedule, the flags; the ``wgmma`` instructions for its tile width). :func:`source` is the same
-as one text that compiles alone, for tests and spikes that read or edit it. The generator of the
+as one text that compiles alone, for tests and tools that read or edit it. The generator of the
 ``cuda`` backend (:mod:`jax_bindings._cuda.backend`, which picks the variant in
-:mod:`jax_bindings._cuda.plan`); ``benchmarks/spike_cuda_fwd.py`` builds and times its consumer
-schedules and feeds, ``benchmarks/spike_cuda_persistent.py`` its CTA schedules.
+:mod:`jax_bindings._cuda.plan`).
 
 Mask: a query at row ``i`` sees keys ``j`` with ``i - left <= j <= i + right`` (``None``: no
 bound; either may be negative), ``0 <= j < Skv``; a row block that sees no key skips its walk
@@ -20,7 +19,8 @@ bound; either may be negative), ``0 <= j < Skv``; a row block that sees no key s
 ``a(i) = i - i % band_block`` instead of ``i`` (block-local masks: ``left = lookback * block``,
 ``right = block - 1``); where ``band_block`` is a multiple of the row block, every row of a
 row block sees the same keys, and where they start and end on key tiles no tile is masked.
-Inputs ``[B, S, H, D]`` bf16 or fp16 (``dtype``) with ``D = 128``, GQA by ``H // Hkv``; outputs
+Inputs ``[B, S, H, D]`` bf16 or fp16 (``dtype``), ``D`` a multiple of 16 up to 256 (``head_dim``;
+the tiles are :func:`padded_head_dim` columns wide), GQA by ``H // Hkv``; outputs
 ``out [B, Sq, H, D]`` in the input dtype and ``lse [B, H, Sq]`` fp32 (natural log; ``-inf`` and
 ``out = 0`` on a row with no key). ``sem`` is one int32: the queue's ticket counter, zeroed
 before the launch (:func:`takes_tickets`); the other schedules never read it, and it is not.
@@ -45,7 +45,8 @@ import hashlib
 
 from jax_bindings._cuda import parts
 
-BM, D = 128, 128
+BM = 128
+D = 128  # the default head dim; program(head_dim=) takes any multiple of 16 up to 256
 BN = 128  # default key tile; source(block_n=) takes any multiple of 16 up to 256
 CONSUMER_WARPS = 8
 PRODUCER_WARPS = 4
@@ -76,17 +77,33 @@ def bar_bytes(stages: int) -> int:
     return -(-(32 * stages + 72) // 128) * 128
 
 
+def padded_head_dim(head_dim: int) -> int:
+    """The columns of the kernel's tiles for ``head_dim``: whole 64-column blocks of 128-byte
+    rows (the 128-byte swizzle's unit); TMA fills the columns past ``head_dim`` with zeros, which
+    add nothing to ``Q K^T``, and ``out``'s are never stored."""
+    return -(-head_dim // 64) * 64
+
+
+def check_head_dim(head_dim) -> None:
+    """ValueError naming ``head_dim`` unless the kernels' tiles take it (a multiple of 16, rows
+    of whole 16-byte chunks as TMA and cp.async copy them, up to 256: a wgmma's widest N)."""
+    ok = isinstance(head_dim, int) and not isinstance(head_dim, bool) and head_dim % 16 == 0
+    if not ok or not 16 <= head_dim <= 256:
+        raise ValueError(f"head_dim must be a multiple of 16 in [16, 256], got {head_dim!r}")
+
+
 def smem_bytes(stages: int, block_n: int = BN, runtime: str = "", q_stages: int = 1,
-               o_store: str = "registers") -> int:
+               o_store: str = "registers", head_dim: int = D) -> int:
     """Dynamic shared memory, the same for every schedule: ``q_stages`` Q tiles, ``stages`` K
     and V tiles, the mbarriers and tickets (:func:`bar_bytes`), a tensor-map staging buffer of
     128 bytes for each map the kernel publishes (K, V, Q, and out with ``o_store="tma"``, whose
     rows are staged in the Q tile), with segment ids (``runtime="ids"``) the key tiles' ids (4
-    bytes a key), 1 KiB for alignment."""
-    tile = block_n * D * 2
+    bytes a key), 1 KiB for alignment. Tiles are :func:`padded_head_dim` columns wide."""
+    hd = padded_head_dim(head_dim)
+    tile = block_n * hd * 2
     ids = stages * block_n * 4 if runtime == "ids" else 0
     maps = map_stage_bytes(o_store)
-    return q_stages * BM * D * 2 + 2 * stages * tile + bar_bytes(stages) + maps + ids + 1024
+    return q_stages * BM * hd * 2 + 2 * stages * tile + bar_bytes(stages) + maps + ids + 1024
 
 
 def map_stage_bytes(o_store: str) -> int:
@@ -160,10 +177,17 @@ def check_arguments(left, right, stages: int, dtype: str, band_block: int = 1) -
             raise ValueError(f"{name} must be an int of magnitude < 2**30 or None, got {x!r}")
 
 
-def section_bytes_of(heads: int, kv_len: int) -> int:
+def section_bytes_of(heads: int, kv_len: int, head_dim: int = D) -> int:
     """``section_bytes`` that makes the queue's sections ``heads`` (batch, head)s at ``kv_len``
-    keys: K and V of a head counted as the kernel counts them (``4 * D * Skv`` bytes)."""
-    return heads * 4 * D * kv_len
+    keys: K and V of a head counted as the kernel counts them (``4 * head_dim * Skv`` bytes)."""
+    return heads * 4 * head_dim * kv_len
+
+
+def check_soft_cap(soft_cap) -> None:
+    """ValueError naming ``soft_cap`` unless it is None or a finite float > 0."""
+    if soft_cap is not None and (isinstance(soft_cap, bool) or not isinstance(soft_cap, (int, float))
+                                 or not 0 < soft_cap < float("inf")):
+        raise ValueError(f"soft_cap must be None or a finite number > 0, got {soft_cap!r}")
 
 
 def check_schedule(schedule: str) -> None:
@@ -228,7 +252,8 @@ def program(left: int | None, right: int | None, *, stages: int = 2, overlap: bo
            pingpong: bool = True, feed: str = "tma", proxy_fence: bool | None = None,
            block_n: int = BN, dtype: str = "bfloat16", schedule: str = "grid", section_bytes: int = 0,
            runtime: str = "", grid=None, q_stages: int = 1, o_store: str = "registers",
-           band_block: int = 1, shifted: bool = False) -> parts.Program:
+           band_block: int = 1, shifted: bool = False, head_dim: int = D,
+           soft_cap: float | None = None) -> parts.Program:
     """The kernel's program (``kernels/fwd/fwd.cu``, its parts and a generated header of its
     constants) for the mask ``a(i) - left <= j <= a(i) + right`` (``None``: unbounded),
     ``a(i) = i - i % band_block`` (row ``i`` itself by default; :class:`acsr.BandForm`'s ``block``).
@@ -279,6 +304,9 @@ def program(left: int | None, right: int | None, *, stages: int = 2, overlap: bo
     is then ``[B, 4]``: ``(q_end, kv_len, shift, q_first)``
     (:func:`jax_bindings._cuda.runtime_tables.shifted_lens`). Needs a runtime mask and a plain
     band (``band_block = 1``, no grid).
+    ``head_dim``: of q, k, v and out (:func:`check_head_dim`); the tiles are
+    :func:`padded_head_dim` columns wide. ``soft_cap``: ``c`` in ``c * tanh(s * scale / c)``,
+    applied to each score before the mask (None: none).
     """
     if feed not in FEEDS:
         raise ValueError(f"feed must be one of {sorted(FEEDS)}, got {feed!r}")
@@ -288,6 +316,8 @@ def program(left: int | None, right: int | None, *, stages: int = 2, overlap: bo
     if block_n % 16 or not 16 <= block_n <= 256:
         raise ValueError(f"block_n must be a multiple of 16 in [16, 256], got {block_n}")
     check_arguments(left, right, stages, dtype, band_block)
+    check_head_dim(head_dim)
+    check_soft_cap(soft_cap)
     if runtime == "ids" and feed != "tma":
         raise ValueError(f"runtime='ids' needs feed='tma' (key ids come with K by bulk copy), got {feed!r}")
     check_section_bytes(section_bytes)
@@ -312,7 +342,8 @@ def program(left: int | None, right: int | None, *, stages: int = 2, overlap: bo
                              f"got {block_n}")
     rt_params, rt_locals = runtime_signature(runtime, FWD_RUNTIME_ARRAYS)
     constants = {
-        "BM": BM, "BN": block_n, "HD": D, "STAGES": stages, "LEFT": bound(left), "RIGHT": bound(right),
+        "BM": BM, "BN": block_n, "HD": padded_head_dim(head_dim), "HEAD_DIM": head_dim,
+        "SOFT_CAP": float(soft_cap or 0.0), "STAGES": stages, "LEFT": bound(left), "RIGHT": bound(right),
         "BAND_BLOCK": band_block, "UNBOUNDED": UNBOUNDED, "OVERLAP": overlap, "PINGPONG": pingpong,
         "SCHEDULE": SCHEDULES[schedule], "SECTION_BYTES": section_bytes, "Q_STAGES": q_stages,
         "RT": RUNTIMES[runtime], "SHIFTED": shifted, **grid_constants(grid), "FEED": FEEDS[feed],
@@ -330,7 +361,7 @@ def program(left: int | None, right: int | None, *, stages: int = 2, overlap: bo
     header = parts.constants_header(
         "cfg", constants, types={"Elem": ELEMENT_TYPES[dtype]},
         includes=("common/types.cuh", "common/wgmma.cuh"), macros=macros,
-        after=wgmma_ss(block_n, dtype=dtype) + wgmma_rs(D, dtype=dtype))
+        after=wgmma_ss(block_n, dtype=dtype) + wgmma_rs(padded_head_dim(head_dim), dtype=dtype))
     return parts.program("fwd/fwd.cu", {"fwd_config.cuh": header}, "splat_fwd")
 
 

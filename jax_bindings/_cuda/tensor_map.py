@@ -63,15 +63,16 @@ def _encode(dims, strides, box, steps, what: str) -> bytes:
 
 
 def _check_rows(D: int) -> None:
-    if (D * 2) % 128:
-        raise ValueError(f"head dim {D}: rows of {D * 2} bytes are not whole 128-byte swizzle rows")
+    if (D * 2) % 16:
+        raise ValueError(f"head dim {D}: rows of {D * 2} bytes are not whole 16-byte chunks (TMA strides)")
 
 
 @functools.lru_cache(maxsize=256)
 def bshd_template(shape: tuple[int, int, int, int], box_rows: int) -> bytes:
     """The 128-byte tensor map of a contiguous 16-bit ``[B, S, H, D]`` array (``D * 2`` bytes a
-    multiple of 128): boxes of 64 head-dim columns x one head x ``box_rows`` rows x one batch,
-    128-byte swizzled, zero fill out of bounds."""
+    multiple of 16): boxes of 64 head-dim columns x one head x ``box_rows`` rows x one batch,
+    128-byte swizzled, zero fill out of bounds (a box past ``D``, as the last of a head dim that
+    is no multiple of 64, reads zeros there, and a store of one writes only the columns inside)."""
     B, S, H, D = shape
     _check_rows(D)
     return _encode((D, H, S, B), (D * 2, H * D * 2, S * H * D * 2), (64, 1, box_rows, 1), (1, 1, 1, 1),

@@ -8,7 +8,9 @@
 // lse2 and delta per step into a ring of STAGES buffers; warps 9 and 10 write dQ (dq_writer.cuh).
 //
 // Glossary (constants from the generated "bwd_config.cuh", namespace cfg; Elem: Bf16 or Fp16):
-//   BM, BN, HD     query rows of a step, keys of an item, the head dim
+//   BM, BN         query rows of a step, keys of an item
+//   HEAD_DIM, HD   the head dim, and the tiles' columns: it padded to whole 64-column blocks
+//   SOFT_CAP       c in c tanh(s scale / c) (0: none); dS is scaled by its derivative
 //   STAGES         Q/dO buffers in flight
 //   LEFT, RIGHT, BAND_BLOCK, UNBOUNDED   the band (common/band.cuh); RT: the runtime mask
 //   ORDERED        dQ added in a fixed order: bit-identical reruns (dq_writer.cuh)

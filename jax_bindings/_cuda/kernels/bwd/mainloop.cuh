@@ -3,10 +3,12 @@
 //   S^T = K Q^T and dP^T = V dO^T (wgmma m64n64k16 from shared memory);
 //   P^T = exp2(S^T * scale log2(e) - lse log2(e)), masked where the step is not inside every
 //   key's rows (here, next to the exponentials; the walks are mask.cuh's); dS^T = P^T (dP^T - delta);
-//   dV += P^T dO and dK += dS^T Q with P and dS from registers (m64n128k16; the accumulators stay
+//   dV += P^T dO and dK += dS^T Q with P and dS from registers (m64nHDk16; the accumulators stay
 //   in registers for the whole walk, so dK and dV are summed over the group's heads in a fixed
 //   order); dQ = dS K over all BN keys from dS^T stored to shared memory (both operands MN-major),
-//   warpgroup wg taking head-dim columns 64 wg .. + 63, left for the dQ writers (dq_writer.cuh).
+//   warpgroup wg taking head-dim columns DQ_N wg .. + DQ_N - 1 (DQ_N = HD / 2), left for the dQ
+//   writers (dq_writer.cuh). With a soft cap, P comes from the capped scores and dS is scaled by
+//   the cap's derivative.
 // Each product is issued as soon as its operands are: dV before dS is computed (so P's
 // exponentials run under dP^T's product, and dV under dS's arithmetic), dK after dQ (so it runs
 // under dQ's store to shared memory).
@@ -29,13 +31,18 @@ __device__ __forceinline__ void consume(const Params& p, const Smem& sm, const I
   regs_alloc<CONSUMER_REGS>();
   const int tid = cta.tid, warp = cta.warp, lane = cta.lane;
   const int G = items.G;
+  // the soft cap's factors (SOFT_CAP = c): scale / c and c / scale
+  const float scale_c = p.scale_log2 * SPLAT_LN2;
+  const float cap_in = SOFT_CAP > 0.f ? scale_c / SOFT_CAP : 0.f;
+  const float cap_out = SOFT_CAP > 0.f ? SOFT_CAP / scale_c : 0.f;
   // warp-uniform (through a shuffle), so that the descriptors can live in uniform registers
   const int wg = __shfl_sync(0xffffffff, warp / 4, 0);
   // K and V as wgmma descriptors: warpgroup wg's 64 keys (K-major), and its 64 head-dim
   // columns of K for dQ (MN-major)
   const uint64_t k_desc = smem_desc(sm.k + wg * 64 * 128, 16, 1024);
   const uint64_t v_desc = smem_desc(sm.v + wg * 64 * 128, 16, 1024);
-  const uint64_t k_mn = smem_desc(sm.k + wg * BN * 128, BN * 128, 1024);
+  constexpr int DQ_COL = DQ_N % 64;  // DQ_N < 64: a warpgroup's columns start inside a 64-column block
+  const uint64_t k_mn = smem_desc(sm.k + (wg * DQ_N / 64) * BN * 128 + wg * DQ_COL * 2, BN * 128, 1024);
   // n: the CTA's items so far; g0: its steps before this item
   for (int n = 0, g0 = 0;; ++n) {
     const int ticket = next_ticket(n, sm);
@@ -43,9 +50,9 @@ __device__ __forceinline__ void consume(const Params& p, const Smem& sm, const I
     const Item w = items.item_of(ticket, p);
     const int n0 = w.n0;
     const int key0 = n0 + 64 * wg + 16 * (warp % 4) + lane / 4;  // fragment rows: key0 and key0 + 8
-    float dvac[64], dkac[64];
+    float dvac[HD / 2], dkac[HD / 2];
 #pragma unroll
-    for (int e = 0; e < 64; ++e) dvac[e] = dkac[e] = 0.f;
+    for (int e = 0; e < HD / 2; ++e) dvac[e] = dkac[e] = 0.f;
     // segment ids of this thread's two keys
     int key_id[2] = {0, 0};
     if (RT == IDS)
@@ -57,7 +64,7 @@ __device__ __forceinline__ void consume(const Params& p, const Smem& sm, const I
     for (int hh = 0; hh < G; ++hh)
       for (int ii = 0; ii < w.n_i; ++ii, ++g) {
         const int s = g % STAGES, buf = g & 1, m0 = items.block_of(w, ii) * BM;
-        float st[32], dpt[32], dq[32];
+        float st[32], dpt[32], dq[DQ_N / 2], dcap[SOFT_CAP > 0.f ? 32 : 1];
         uint32_t pk[16], ds[16];
         // the step's operands as wgmma descriptors, each product's k-slices offsets from them
         const uint64_t q_desc = smem_desc(sm.q(s), 16, 1024), do_desc = smem_desc(sm.dout(s), 16, 1024);
@@ -90,23 +97,23 @@ __device__ __forceinline__ void consume(const Params& p, const Smem& sm, const I
         if (RT == IDS) edge |= m0 < w.in_lo || m0 + BM > w.in_hi;
         auto dv_product = [&]() {
 #pragma unroll
-          for (int kk = 0; kk < BM / 16; ++kk) wgmma_rs<Elem, 128>(dvac, pk + 4 * kk, desc_at(do_mn, kk * 16 * 128));
+          for (int kk = 0; kk < BM / 16; ++kk) wgmma_rs<Elem, HD>(dvac, pk + 4 * kk, desc_at(do_mn, kk * 16 * 128));
         };
         auto dk_product = [&]() {
 #pragma unroll
-          for (int kk = 0; kk < BM / 16; ++kk) wgmma_rs<Elem, 128>(dkac, ds + 4 * kk, desc_at(q_mn, kk * 16 * 128));
+          for (int kk = 0; kk < BM / 16; ++kk) wgmma_rs<Elem, HD>(dkac, ds + 4 * kk, desc_at(q_mn, kk * 16 * 128));
         };
         auto dq_product = [&]() {
 #pragma unroll
           for (int kk = 0; kk < BN / 16; ++kk)
-            wgmma_ss_t<Elem, 64>(dq, desc_at(ds_mn, kk * 16 * 128), desc_at(k_mn, kk * 16 * 128), kk > 0);
+            wgmma_ss_t<Elem, DQ_N>(dq, desc_at(ds_mn, kk * 16 * 128), desc_at(k_mn, kk * 16 * 128), kk > 0);
         };
         // dQ to shared memory for the writer (once it took the buffer's last), in fragment order:
         // warpgroup, then pair of values e / 2, then thread (bwd_source.py's dq_from_acc)
         auto store_dq = [&]() {
           if (g >= 2) mbar_wait(sm.dq_empty(buf), ((g >> 1) - 1) & 1);
 #pragma unroll
-          for (int e = 0; e < 32; e += 2) {
+          for (int e = 0; e < DQ_N / 2; e += 2) {
             const uint32_t addr = sm.dq(buf) + wg * (DQTILE / 2) + ((e / 2) * 128 + tid % 128) * 8;
             asm volatile("st.shared.v2.f32 [%0], {%1, %2};" :: "r"(addr), "f"(dq[e]), "f"(dq[e + 1]) : "memory");
           }
@@ -119,7 +126,15 @@ __device__ __forceinline__ void consume(const Params& p, const Smem& sm, const I
 #pragma unroll
         for (int e = 0; e < 32; ++e) {
           const int c = (e / 4) * 8 + 2 * (lane % 4) + (e % 2);
-          float x = fast_exp2(st[e] * p.scale_log2 - lse_s[c]);
+          float z = st[e];
+          if constexpr (SOFT_CAP > 0.f) {
+            // z = c tanh(s scale / c) / scale: scale log2(e) below makes it the capped score in base 2;
+            // d(capped score) / d(s scale) = 1 - tanh^2 goes into dS
+            const float t = fast_tanh(z * cap_in);
+            dcap[e] = 1.f - t * t;
+            z = cap_out * t;
+          }
+          float x = fast_exp2(z * p.scale_log2 - lse_s[c]);
           if (edge) {
             // key - row as the thread's d0 plus a constant: two compares with immediates (key - the
             // row's anchor where the band is measured from blocks of rows: the step's one anchor a0
@@ -149,6 +164,7 @@ __device__ __forceinline__ void consume(const Params& p, const Smem& sm, const I
         for (int e = 0; e < 32; ++e) {
           const int c = (e / 4) * 8 + 2 * (lane % 4) + (e % 2);
           dpt[e] = st[e] * (dpt[e] - delta_s[c]);
+          if constexpr (SOFT_CAP > 0.f) dpt[e] *= dcap[e];
         }
 #pragma unroll
         for (int e = 0; e < 32; e += 2) ds[e / 2] = pack2<Elem>(dpt[e], dpt[e + 1]);
@@ -173,11 +189,11 @@ __device__ __forceinline__ void consume(const Params& p, const Smem& sm, const I
         dk_product();
         wgmma_commit();
         wgmma_wait<1>();
-        fence_regs<64>(dvac);
-        fence_regs<32>(dq);
+        fence_regs<HD / 2>(dvac);
+        fence_regs<DQ_N / 2>(dq);
         store_dq();
         wgmma_wait<0>();
-        fence_regs<64>(dkac);
+        fence_regs<HD / 2>(dkac);
         if (lane == 0) mbar_arrive(sm.empty(s));
       }
     // every product reading K and V is complete: the producer may load the next item's
@@ -189,9 +205,9 @@ __device__ __forceinline__ void consume(const Params& p, const Smem& sm, const I
 #pragma unroll
     for (int x = 0; x < 2; ++x) {
       const int key = key0 + 8 * x;
-      const size_t off = (((size_t)w.b * p.Skv + key) * p.Hkv + w.hk) * HD + 8 * (lane % 4);
+      const size_t off = (((size_t)w.b * p.Skv + key) * p.Hkv + w.hk) * HEAD_DIM + 8 * (lane % 4);
 #pragma unroll
-      for (int t = 0; t < 4; ++t) {
+      for (int t = 0; t < HD / 32; ++t) {
         uint32_t kw[4], vw[4];  // column groups 4 t .. 4 t + 3
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
@@ -200,7 +216,7 @@ __device__ __forceinline__ void consume(const Params& p, const Smem& sm, const I
           vw[c] = pack2<Elem>(dvac[e], dvac[e + 1]);
         }
         const uint4 ko = quad_transpose(kw, lane), vo = quad_transpose(vw, lane);
-        if (key < p.Skv) {
+        if (key < p.Skv && (HEAD_DIM == HD || 32 * t + 8 * (lane % 4) < HEAD_DIM)) {
           *reinterpret_cast<uint4*>(p.dk + off + 32 * t) = ko;
           *reinterpret_cast<uint4*>(p.dv + off + 32 * t) = vo;
         }

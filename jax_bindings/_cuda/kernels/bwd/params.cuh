@@ -10,6 +10,11 @@ using namespace cfg;
 
 constexpr uint32_t KVTILE = BN * HD * 2, QTILE = BM * HD * 2, DSTILE = BN * BM * 2, STAT = STAT_BYTES;
 constexpr uint32_t DQTILE = BM * HD * 4;  // one step's dQ, fp32
+// a tile row's 64-column blocks (HD is the head dim HEAD_DIM padded to whole blocks, TMA filling
+// the columns past it with zeros); the head-dim columns of dQ each consumer warpgroup computes
+constexpr int COL_BLOCKS = HD / 64, DQ_N = HD / 2;
+static_assert(HD % 64 == 0 && HEAD_DIM <= HD && HD - HEAD_DIM < 64 && HEAD_DIM % 16 == 0,
+              "tiles are whole 64-column blocks of the head dim");
 
 struct Params {
   const uint16_t* q;

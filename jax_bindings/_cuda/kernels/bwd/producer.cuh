@@ -39,10 +39,12 @@ __device__ __forceinline__ void produce(const Params& p, const Smem& sm, const I
     auto load_kv = [&]() {
       if (n >= 1) mbar_wait(sm.kv_empty(), (n - 1) & 1);
       mbar_expect_tx(sm.kv_full(), 2 * KVTILE);
-      tma_load_4d(sm.k, gk, sm.kv_full(), 0, w.hk, w.n0, w.b);
-      tma_load_4d(sm.k + BN * 128, gk, sm.kv_full(), 64, w.hk, w.n0, w.b);
-      tma_load_4d(sm.v, gv, sm.kv_full(), 0, w.hk, w.n0, w.b);
-      tma_load_4d(sm.v + BN * 128, gv, sm.kv_full(), 64, w.hk, w.n0, w.b);
+#pragma unroll
+      for (int c = 0; c < COL_BLOCKS; ++c)
+        tma_load_4d(sm.k + c * BN * 128, gk, sm.kv_full(), 64 * c, w.hk, w.n0, w.b);
+#pragma unroll
+      for (int c = 0; c < COL_BLOCKS; ++c)
+        tma_load_4d(sm.v + c * BN * 128, gv, sm.kv_full(), 64 * c, w.hk, w.n0, w.b);
     };
     const int first = g0 + min(STAGES, w.n_steps);
     for (int h = w.hk * G; h < (w.hk + 1) * G; ++h)
@@ -51,10 +53,11 @@ __device__ __forceinline__ void produce(const Params& p, const Smem& sm, const I
         if (g0 == first) load_kv();
         if (g0 >= STAGES) mbar_wait(sm.empty(s), ((g0 / STAGES) & 1) ^ 1);
         mbar_expect_tx(sm.full(s), 2 * QTILE + STAT + (RT == IDS ? BM * 4 : 0));
-        tma_load_4d(sm.q(s), gq, sm.full(s), 0, h, m0, w.b);
-        tma_load_4d(sm.q(s) + BM * 128, gq, sm.full(s), 64, h, m0, w.b);
-        tma_load_4d(sm.dout(s), gdo, sm.full(s), 0, h, m0, w.b);
-        tma_load_4d(sm.dout(s) + BM * 128, gdo, sm.full(s), 64, h, m0, w.b);
+#pragma unroll
+        for (int c = 0; c < COL_BLOCKS; ++c) tma_load_4d(sm.q(s) + c * BM * 128, gq, sm.full(s), 64 * c, h, m0, w.b);
+#pragma unroll
+        for (int c = 0; c < COL_BLOCKS; ++c)
+          tma_load_4d(sm.dout(s) + c * BM * 128, gdo, sm.full(s), 64 * c, h, m0, w.b);
         const size_t row = ((size_t)w.b * p.H + h) * sq_pad + m0;
         bulk_load(sm.stat(s), p.lse2 + row, BM * 4, sm.full(s));
         bulk_load(sm.stat(s) + BM * 4, p.delta + row, BM * 4, sm.full(s));

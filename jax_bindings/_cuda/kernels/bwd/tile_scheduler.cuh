@@ -29,8 +29,8 @@ struct ItemScheduler {
 
   __device__ __forceinline__ ItemScheduler(const Params& p)
       : nkv((p.Skv + BN - 1) / BN), G(p.H / p.Hkv), nq((p.Sq + BM - 1) / BM), sq_pad(nq * BM),
-        n_items(nkv * p.Hkv * p.B), section(heads_per_section(SECTION_BYTES, 4LL * HD * G * max(p.Sq, 1),
-                                                              p.Hkv * p.B)),
+        n_items(nkv * p.Hkv * p.B),
+        section(heads_per_section(SECTION_BYTES, 4LL * HEAD_DIM * G * max(p.Sq, 1), p.Hkv * p.B)),
         Hkv(p.Hkv), B(p.B) {}
 
   // the item of `ticket`, and its walk (mask.cuh)

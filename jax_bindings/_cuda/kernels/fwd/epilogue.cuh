@@ -4,10 +4,10 @@
 //   registers  each thread stores its values (two 4-byte pairs a column group)
 //   O_TMA      after a walk, each warpgroup writes its 64 rows into its half of the work tile's Q
 //              slot (in the layout Q came in: the stores of a warp hit every bank once), then one
-//              TMA store of those rows a 64-column block (rows past Sq are clipped); the slot goes
-//              back to the producer once the stores have read it: after the next walk's first
-//              products with two Q slots, at once with one. A tile that walked nothing holds no Q
-//              slot: its rows are stored from registers.
+//              TMA store of those rows a 64-column block (rows past Sq and columns past the
+//              head dim are clipped); the slot goes back to the producer once the stores have
+//              read it: after the next walk's first products with two Q slots, at once with one.
+//              A tile that walked nothing holds no Q slot: its rows are stored from registers.
 // The rows' writes close the consumers' work-tile loop (mainloop.cuh), next to the accumulators
 // they read; here is the Q slot's bookkeeping and the TMA store.
 #pragma once
@@ -45,7 +45,7 @@ struct Epilogue {
   }
 
   // O_TMA, after a walk: the warpgroup's rows of work tile x, written into its half of the tile's Q
-  // slot, go out by TMA (two boxes of 64 columns); qn: the Q tiles the CTA has taken so far (this
+  // slot, go out by TMA (a box of 64 columns each); qn: the Q tiles the CTA has taken so far (this
   // tile's the last)
   __device__ __forceinline__ void store_staged(const Work& x, const int& qn) const {
     const uint32_t s_o = out_slot(qn);
@@ -53,8 +53,9 @@ struct Epilogue {
     named_sync(1 + wg, 128);
     if (wt == 0) {
       const int m = x.m0 + 64 * wg;
-      tma_store_4d(go, s_o + 64 * wg * 128, 0, x.h, m, x.b);
-      tma_store_4d(go, s_o + BM * 128 + 64 * wg * 128, 64, x.h, m, x.b);
+#pragma unroll
+      for (int c = 0; c < COL_BLOCKS; ++c)
+        tma_store_4d(go, s_o + c * BM * 128 + 64 * wg * 128, 64 * c, x.h, m, x.b);
       bulk_commit();
       o_slot = (qn + Q_STAGES - 1) % Q_STAGES;
     }

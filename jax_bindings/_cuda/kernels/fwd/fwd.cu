@@ -10,7 +10,9 @@
 // the mask; out-of-range keys are zero-filled and masked.
 //
 // Glossary (constants from the generated "fwd_config.cuh", namespace cfg; Elem: Bf16 or Fp16):
-//   BM, BN, HD     query rows of a work tile, keys of a key tile, the head dim
+//   BM, BN         query rows of a work tile, keys of a key tile
+//   HEAD_DIM, HD   the head dim, and the tiles' columns: it padded to whole 64-column blocks
+//   SOFT_CAP       c in c tanh(s scale / c), applied to the scores before the mask (0: none)
 //   STAGES         K/V tiles in flight; Q_STAGES: Q tiles (2: the next work tile's Q and first K/V
 //                  tiles load while the consumers still walk the current one)
 //   LEFT, RIGHT, BAND_BLOCK, UNBOUNDED   the band (common/band.cuh)
@@ -86,7 +88,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) SPLAT_KERNEL_NAME(
   __syncthreads();
 
   const Cta cta = {tid, warp, lane, gk, go};
-  const size_t kv_row = (size_t)Hkv * HD;  // elements between consecutive keys
+  const size_t kv_row = (size_t)Hkv * HEAD_DIM;  // elements between consecutive keys
   if (warp >= CONSUMER_WARPS) {
     produce(p, sm, sched, cta, kv_row, kv_ids_stride);
   } else {

@@ -54,11 +54,12 @@ __device__ __forceinline__ void consume(const Params& p, const Smem& sm, const T
   GridBits gbits[3][2];
   int gbits_at[3] = {-1, -1, -1};
   int gtile[3] = {0, 0, 0};
-  float o[64], sc[SN];  // sc: this thread's BN / 2 scores of its two rows
+  float o[HD / 2], sc[SN];  // o: the thread's HD / 2 outputs of its two rows; sc: its BN / 2 scores
   uint32_t pk[SN / 2];  // P: sc rounded to the element type, the A fragment of P V
   float mx[2], sum[2], corr[2];
   const BandMask band = {m0, t0, rows, kv_end, in_lo, in_hi, row_id, shift, sc, sm, lane};
   const OnlineSoftmax<SN> smx = {sc, mx, sum, corr, p.scale_log2};
+  const SoftCap<SN> cap = SoftCap<SN>::of(sc, p.scale_log2);
 
   auto fence_async_smem = [&]() { if (PROXY_FENCE) fence_proxy_async(); };
   auto turn_wait = [&]() { if (PINGPONG) named_sync(3 + wg, 256); };
@@ -87,6 +88,7 @@ __device__ __forceinline__ void consume(const Params& p, const Smem& sm, const T
   // mask, running max and sum; sc becomes exp2(s * scale_log2 - max), corr the rescale of o
   // (tile t in stage s)
   auto softmax = [&](int t, int s) {
+    cap.apply();
     if (GRID) {
       grid.apply();
     } else {
@@ -120,7 +122,7 @@ __device__ __forceinline__ void consume(const Params& p, const Smem& sm, const T
     if (GRID) grid.start(x, m0, rows, p);
     band.start(x, p);
 #pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] = 0.f;
+    for (int i = 0; i < HD / 2; ++i) o[i] = 0.f;
     smx.reset();
     // a row block that sees no key skips the walk (the same in every warp: no barrier is left
     // waiting); its rows still get out = 0 and lse = -inf
@@ -131,11 +133,11 @@ __device__ __forceinline__ void consume(const Params& p, const Smem& sm, const T
         q_desc = smem_desc(sm.q + qb * QBYTES + wg * 64 * 128, 16, 1024);
         mbar_wait(sm.q_full(qb), (qn / Q_STAGES) & 1);
       } else {
-        const uint16_t* qb = p.q + ((size_t)x.b * p.Sq * p.H + x.h) * HD;
-        const size_t q_row = (size_t)p.H * HD;
-        for (int c = wt; c < 64 * 16; c += 128) {
-          const int r = 64 * wg + c / 16, j = c % 16, m = m0 + r;
-          const bool ok = m < p.Sq;
+        const uint16_t* qb = p.q + ((size_t)x.b * p.Sq * p.H + x.h) * HEAD_DIM;
+        const size_t q_row = (size_t)p.H * HEAD_DIM;
+        for (int c = wt; c < 64 * CHUNKS; c += 128) {
+          const int r = 64 * wg + c / CHUNKS, j = c % CHUNKS, m = m0 + r;
+          const bool ok = m < p.Sq && (HEAD_DIM == HD || j * 8 < HEAD_DIM);
           cp_async16(sm.q + swz(r, j, BM), qb + (ok ? m : 0) * q_row + j * 8, ok ? 16 : 0);
         }
         cp_async_wait_all();
@@ -179,7 +181,7 @@ __device__ __forceinline__ void consume(const Params& p, const Smem& sm, const T
           softmax(t, s);
           release_k(s, true);
           wgmma_wait<0>();
-          fence_regs<64>(o);
+          fence_regs<HD / 2>(o);
           if (lane == 0) mbar_arrive(sm.empty_v(sp));
           smx.rescale(o);
           to_p();
@@ -196,7 +198,7 @@ __device__ __forceinline__ void consume(const Params& p, const Smem& sm, const T
         wgmma_commit();
         turn_pass();
         wgmma_wait<0>();
-        fence_regs<64>(o);
+        fence_regs<HD / 2>(o);
         if (lane == 0) mbar_arrive(sm.empty_v(sl));
       } else {
         for (int t = 0; t < n_tiles; ++t) {
@@ -225,7 +227,7 @@ __device__ __forceinline__ void consume(const Params& p, const Smem& sm, const T
           wgmma_commit();
           turn_pass();
           wgmma_wait<0>();
-          fence_regs<64>(o);
+          fence_regs<HD / 2>(o);
           if (lane == 0) mbar_arrive(sm.empty_v(s));
         }
         if (PERSISTENT && !O_TMA && lane == 0) mbar_arrive(sm.q_empty(qn % Q_STAGES));
@@ -247,13 +249,14 @@ __device__ __forceinline__ void consume(const Params& p, const Smem& sm, const T
       if (staged) {
         const int r = 64 * wg + 16 * (warp % 4) + lane / 4 + 8 * i;  // the row in the tile
 #pragma unroll
-        for (int e = 2 * i; e < 64; e += 4)
+        for (int e = 2 * i; e < HD / 2; e += 4)
           st_shared32(s_o + swz(r, e / 4, BM) + 4 * (lane % 4), pack2<Elem>(o[e] * inv, o[e + 1] * inv));
       } else {
-        uint16_t* orow = p.out + (((size_t)x.b * p.Sq + row) * p.H + x.h) * HD;
+        uint16_t* orow = p.out + (((size_t)x.b * p.Sq + row) * p.H + x.h) * HEAD_DIM;
 #pragma unroll
-        for (int e = 2 * i; e < 64; e += 4) {
+        for (int e = 2 * i; e < HD / 2; e += 4) {
           const int col = (e / 4) * 8 + 2 * (lane % 4);
+          if (HEAD_DIM < HD && col >= HEAD_DIM) continue;  // a padding column
           *reinterpret_cast<uint32_t*>(orow + col) = pack2<Elem>(o[e] * inv, o[e + 1] * inv);
         }
       }

@@ -16,7 +16,12 @@ enum : int { CP_ASYNC = 0, TMA = 1, NO_FEED = 2 };
 constexpr int SN = BN / 2;  // scores a consumer thread holds: half a row of two rows
 constexpr bool PERSISTENT = SCHEDULE != GRID_LAUNCH;  // one CTA per SM looping over work tiles, Q by TMA
 constexpr uint32_t TILE = BN * HD * 2, QBYTES = BM * HD * 2;
+// a tile row's 64-column blocks (128-byte swizzled rows each) and 16-byte chunks; HD is the head
+// dim HEAD_DIM padded to whole blocks (TMA fills the columns past HEAD_DIM with zeros)
+constexpr int COL_BLOCKS = HD / 64, CHUNKS = HD / 8;
 
+static_assert(HD % 64 == 0 && HEAD_DIM <= HD && HD - HEAD_DIM < 64 && HEAD_DIM % 16 == 0,
+              "tiles are whole 64-column blocks of the head dim");
 static_assert(!SHIFTED || RT >= LENGTHS, "run-time positions come in rt_lens");
 static_assert(!GRID || (QT0 * QT1 * QT2 == BM && KT0 * KT1 * KT2 == BN && KT2 % 8 == 0),
               "a query patch is a row block, a key tile BN keys with whole 8-column groups on the last axis");

@@ -7,7 +7,7 @@
 //             each key tile's ids with its K tile. In the queue schedule the same lane takes the
 //             tickets: the next one once the current tile's loads are all issued, so that the next
 //             tile's loads overlap the current one's end.
-//   CP_ASYNC  every producer thread copies 16 of a tile's rows (one 16-byte chunk each); a tile
+//   CP_ASYNC  the producer threads copy a tile's 16-byte chunks, one in every 128; a tile
 //             completes on `full` once all 128 threads' copies land.
 //   NO_FEED   no copies, an arrival per thread (a timing experiment: the output is not attention).
 #pragma once
@@ -31,7 +31,7 @@ __device__ __forceinline__ void produce(const Params& p, const Smem& sm, const T
   const int tid = cta.tid, lane = cta.lane;
   uint8_t* gk = cta.gk;
   regs_dealloc<PRODUCER_REGS>();
-  const int pt = tid - CONSUMER_WARPS * 32, j = pt & 15, r_first = pt >> 4;
+  const int pt = tid - CONSUMER_WARPS * 32;
   int ring = 0, qn = 0;  // K/V tiles and Q tiles this CTA has loaded so far
   if constexpr (FEED == TMA) {
     if (pt >= 32) return;
@@ -59,13 +59,14 @@ __device__ __forceinline__ void produce(const Params& p, const Smem& sm, const T
         const uint32_t dst = sm.q + qb * QBYTES;
         if (uses > 0) mbar_wait(sm.q_empty(qb), (uses - 1) & 1);
         mbar_expect_tx(sm.q_full(qb), QBYTES);
-        if (GRID) {
-          const int c4 = x.b * GN0 + x.gq[0];
-          tma_load_5d(dst, gq, sm.q_full(qb), 0, x.h, x.gq[2], x.gq[1], c4);
-          tma_load_5d(dst + BM * 128, gq, sm.q_full(qb), 64, x.h, x.gq[2], x.gq[1], c4);
-        } else {
-          tma_load_4d(dst, gq, sm.q_full(qb), 0, x.h, x.m0, x.b);
-          tma_load_4d(dst + BM * 128, gq, sm.q_full(qb), 64, x.h, x.m0, x.b);
+#pragma unroll
+        for (int c = 0; c < COL_BLOCKS; ++c) {
+          if (GRID) {
+            tma_load_5d(dst + c * BM * 128, gq, sm.q_full(qb), 64 * c, x.h, x.gq[2], x.gq[1],
+                        x.b * GN0 + x.gq[0]);
+          } else {
+            tma_load_4d(dst + c * BM * 128, gq, sm.q_full(qb), 64 * c, x.h, x.m0, x.b);
+          }
         }
         ++qn;
       }
@@ -85,12 +86,13 @@ __device__ __forceinline__ void produce(const Params& p, const Smem& sm, const T
           c4 = x.b * GN0 + x.gfirst[0] + i[0] * KT0 * GD0;
         }
         auto load = [&](uint32_t dst, const void* map, uint32_t bar) {
-          if (GRID) {
-            tma_load_5d(dst, map, bar, 0, hkv, c2, c1, c4);
-            tma_load_5d(dst + BN * 128, map, bar, 64, hkv, c2, c1, c4);
-          } else {
-            tma_load_4d(dst, map, bar, 0, hkv, n0, x.b);
-            tma_load_4d(dst + BN * 128, map, bar, 64, hkv, n0, x.b);
+#pragma unroll
+          for (int c = 0; c < COL_BLOCKS; ++c) {
+            if (GRID) {
+              tma_load_5d(dst + c * BN * 128, map, bar, 64 * c, hkv, c2, c1, c4);
+            } else {
+              tma_load_4d(dst + c * BN * 128, map, bar, 64 * c, hkv, n0, x.b);
+            }
           }
         };
         if (ring >= STAGES) mbar_wait(sm.empty_k(s), parity);
@@ -107,9 +109,9 @@ __device__ __forceinline__ void produce(const Params& p, const Smem& sm, const T
     auto fill = [&](uint32_t dst, const uint16_t* src, int n0, uint32_t full) {
       if (FEED == CP_ASYNC) {
 #pragma unroll
-        for (int r = r_first; r < BN; r += 8) {
-          const int n = n0 + r;
-          const bool ok = n < p.Skv;
+        for (int c = pt; c < BN * CHUNKS; c += PRODUCER_WARPS * 32) {
+          const int r = c / CHUNKS, j = c % CHUNKS, n = n0 + r;
+          const bool ok = n < p.Skv && (HEAD_DIM == HD || j * 8 < HEAD_DIM);
           cp_async16(dst + swz(r, j, BN), src + (ok ? n : 0) * kv_row + j * 8, ok ? 16 : 0);
         }
         cp_async_arrive(full);
@@ -122,8 +124,8 @@ __device__ __forceinline__ void produce(const Params& p, const Smem& sm, const T
       if (w < 0) break;
       const Work x = work_of(w, sched, p);
       const int hkv = x.h / (p.H / p.Hkv);
-      const uint16_t* kb = p.k + ((size_t)x.b * p.Skv * p.Hkv + hkv) * HD;
-      const uint16_t* vb = p.v + ((size_t)x.b * p.Skv * p.Hkv + hkv) * HD;
+      const uint16_t* kb = p.k + ((size_t)x.b * p.Skv * p.Hkv + hkv) * HEAD_DIM;
+      const uint16_t* vb = p.v + ((size_t)x.b * p.Skv * p.Hkv + hkv) * HEAD_DIM;
       for (int t = 0; t < x.n_tiles; ++t) {
         const int r = ring + t, s = r % STAGES, n0 = (x.t0 + t) * BN;
         if (r >= STAGES) mbar_wait(sm.empty_k(s), ((r / STAGES) & 1) ^ 1);

@@ -6,6 +6,7 @@
 #pragma once
 #include "common/convert.cuh"
 #include "common/types.cuh"
+#include "fwd/params.cuh"
 
 namespace fwd {
 
@@ -61,6 +62,26 @@ template <int N> struct OnlineSoftmax {
     for (int i = 0; i < 2; ++i) {
       sum[i] += __shfl_xor_sync(0xffffffff, sum[i], 1);
       sum[i] += __shfl_xor_sync(0xffffffff, sum[i], 2);
+    }
+  }
+};
+
+// The soft cap (SOFT_CAP = c > 0): each of a tile's N raw scores s becomes c tanh(s scale / c) / scale,
+// so that the softmax's scale (scale log2(e)) gives c tanh(s scale / c) log2(e); before the mask,
+// which sets the scores it hides to -inf. With no cap, nothing.
+template <int N> struct SoftCap {
+  float (&sc)[N];
+  float in, out;  // scale / c and c / scale
+
+  __device__ __forceinline__ static SoftCap of(float (&sc)[N], const float& scale_log2) {
+    const float scale = scale_log2 * SPLAT_LN2;
+    return {sc, SOFT_CAP > 0.f ? scale / SOFT_CAP : 0.f, SOFT_CAP > 0.f ? SOFT_CAP / scale : 0.f};
+  }
+
+  __device__ __forceinline__ void apply() const {
+    if constexpr (SOFT_CAP > 0.f) {
+#pragma unroll
+      for (int i = 0; i < N; ++i) sc[i] = out * fast_tanh(sc[i] * in);
     }
   }
 };

@@ -24,7 +24,7 @@ struct TileScheduler {
 
   __device__ __forceinline__ TileScheduler(int n_row_blocks, int H, int B, int Skv)
       : n_row_blocks(n_row_blocks), H(H), B(B),
-        section(heads_per_section(SECTION_BYTES, 4LL * HD * max(Skv, 1), H * B)),
+        section(heads_per_section(SECTION_BYTES, 4LL * HEAD_DIM * max(Skv, 1), H * B)),
         n_work(PERSISTENT ? n_row_blocks * H * B : 1) {}
 
   // work tile w's place: its row block (returned), head h and batch row b

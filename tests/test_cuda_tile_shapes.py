@@ -1,0 +1,106 @@
+"""The cuda kernels' tile shapes by head dim (``jax_bindings._cuda.tile_shapes``), on CPU.
+
+Every head dim the forward takes gets a tile that fits shared memory, with its planned variants
+(dense's long rows, causal's queue with segment ids, a window's strided schedule shifted to a
+chunk, the soft cap) compiling for sm_90a with NVRTC within the registers ``setmaxnreg`` leaves
+and at most a few bytes spilled (at 192 and 256, with segment ids or the cap: a bounded few more); so do the
+backward's at the head dims it takes, the cap included. The head dim, its padded tile width and
+the cap are baked into the variant's constants; bad head dims and caps are refused by name.
+Their numerics are checked on a GPU (``test_cuda_head_dims_gpu.py``).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from jax_bindings._cuda import plan, source, tile_shapes
+from splat import masks
+
+
+@pytest.mark.parametrize("head_dim", tile_shapes.HEAD_DIMS)
+@pytest.mark.parametrize("rows", ["band", "long"])
+def test_every_head_dim_has_a_tile_that_fits(head_dim, rows):
+    tile = tile_shapes.fwd_tile(head_dim, "bfloat16", rows)
+    assert tile.padded % 64 == 0 and 0 <= tile.padded - head_dim < 64
+    assert tile.block_n % 16 == 0 and tile.fits("ids", 1, "tma")
+
+
+def test_the_tiles_take_what_shared_memory_holds_and_no_more():
+    assert source.padded_head_dim(96) == 128 and source.padded_head_dim(192) == 192
+    # a key tile of 128 at head dim 256 needs more shared memory than a CTA has
+    assert not tile_shapes.FwdTile(256, 128).fits()
+    assert tile_shapes.FwdTile(256, 64).smem() < tile_shapes.FwdTile(256, 80).smem() <= source.SMEM_LIMIT
+
+
+@pytest.mark.parametrize("head_dim, dtype, why", [(80, "bfloat16", "head dims"), (128, "float32", "dtypes"),
+                                                  (192, "bfloat16", "head dims"),
+                                                  (256, "bfloat16", "head dims")])
+def test_calls_the_kernels_do_not_take_are_refused_by_name(head_dim, dtype, why):
+    layout = masks.causal().to_acsr(256)
+    if head_dim in (192, 256):  # the forward takes it, the backward does not
+        plan.fwd_variant(layout, head_dim, dtype)
+        with pytest.raises(NotImplementedError, match=why):
+            plan.bwd_variant(layout, head_dim, dtype)
+        return
+    with pytest.raises(NotImplementedError, match=why):
+        plan.fwd_variant(layout, head_dim, dtype)
+
+
+@pytest.mark.parametrize("kwargs, name", [(dict(head_dim=100), "head_dim"), (dict(head_dim=272), "head_dim"),
+                                          (dict(head_dim=True), "head_dim"), (dict(soft_cap=0.0), "soft_cap"),
+                                          (dict(soft_cap=float("inf")), "soft_cap"),
+                                          (dict(soft_cap="30"), "soft_cap")])
+def test_bad_head_dims_and_caps_are_named(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        source.program(255, 0, **kwargs)
+
+
+def _planned(head_dim):
+    """The planned forward variants at ``head_dim`` that differ in what the tile holds: dense's
+    long rows, causal's queue with segment ids, a causal window shifted to a chunk with a cap."""
+    n = 1024
+    return {
+        "dense": plan.fwd_variant(masks.full().to_acsr(n), head_dim, "bfloat16"),
+        "causal-ids": plan.fwd_variant(masks.causal().to_acsr(n), head_dim, "float16", "ids"),
+        "window-shifted-cap": plan.fwd_variant(masks.sliding_window(255, 0).to_acsr(n), head_dim, "bfloat16",
+                                               "lengths", shifted=True, soft_cap=30.0),
+    }
+
+
+@pytest.mark.parametrize("head_dim", [d for d in tile_shapes.HEAD_DIMS if d != 128])
+def test_planned_variants_compile_at_every_head_dim(cuda_compiler, head_dim):
+    for what, variant in _planned(head_dim).items():
+        text = variant.named_source()[1]
+        assert f"constexpr int HEAD_DIM = {head_dim};" in text, what
+        assert f"constexpr int HD = {source.padded_head_dim(head_dim)};" in text, what
+        assert ("constexpr float SOFT_CAP = 30.0f;" in text) == what.endswith("cap"), what
+        assert variant.smem <= source.SMEM_LIMIT, what
+        image, log = cuda_compiler.compile(text, verbose=True)
+        assert image[:4] == b"\x7fELF", what
+        assert "warning" not in log.lower(), (what, log)
+        # at 192 and 256 the 96-128 output accumulators leave little room: walks by segment ids and
+        # the soft cap spill some state (56-168 bytes with NVRTC 13; the capped forward measured
+        # 3.9x FlexAttention at 256 all the same): bounded, so that more shows
+        limit = 16 if head_dim <= 128 else 192
+        assert int(re.search(r"(\d+) bytes spill stores", log).group(1)) <= limit, (what, log)
+        assert int(re.search(r"Used (\d+) registers", log).group(1)) <= 168, (what, log)
+
+
+@pytest.mark.parametrize("head_dim", tile_shapes.BWD_HEAD_DIMS)
+def test_backward_variants_compile_at_every_head_dim_it_takes(cuda_compiler, head_dim):
+    """The backward's producer spills some of its item state (``test_cuda_source``); the soft cap's
+    derivative, held per element until dS, spills some more at 96 and 128 (a bounded 248-324 bytes
+    with NVRTC 13)."""
+    for runtime in ("", "ids"):
+        for cap in (None, 30.0):
+            variant = plan.bwd_variant(masks.causal().to_acsr(1024), head_dim, "bfloat16", runtime, cap)
+            text = variant.named_source()[1]
+            assert f"constexpr int HEAD_DIM = {head_dim};" in text
+            assert variant.smem <= source.SMEM_LIMIT
+            image, log = cuda_compiler.compile(text, verbose=True)
+            assert image[:4] == b"\x7fELF" and "warning" not in log.lower(), log
+            limit = 192 if cap is None else 336
+            assert int(re.search(r"(\d+) bytes spill stores", log).group(1)) <= limit, log
+            assert int(re.search(r"Used (\d+) registers", log).group(1)) <= 168, log
