@@ -37,7 +37,7 @@ Runs = tuple[np.ndarray, np.ndarray, np.ndarray]  # (base, stride, count), each 
 
 # predicate chunks hold at most this many (row, column) pairs: small enough that a predicate's
 # temporaries stay in cache (a NATTEN predicate at 128x128: 0.8 s with 2^20, 2.8 s with 2^24;
-# NOTES.md session 16), large enough that the per-chunk analysis stays a small part
+# 2^17-2^19 no faster), large enough that the per-chunk analysis stays a small part of the time
 _CHUNK_ELEMS = 1 << 20
 
 

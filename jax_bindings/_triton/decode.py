@@ -1,12 +1,11 @@
 """Decode and chunked prefill on Triton: query tokens at run-time positions against a KV cache.
 
 The decode route the numbers favour for layouts whose rows are runs of consecutive keys (causal,
-windows, sinks + window, dense), with or without segment ids: ``benchmarks/NOTES.md`` (sessions
-27-28) measured this loop at 1.11-1.52x the CUDA decode kernel (:mod:`jax_bindings._cuda.decode`),
-which keeps what this one refuses: strided segments (dilated, strided masks) and head dims that
-are no power of two. A longer chunk at an offset (chunked prefill) runs the same loop on blocks
-of rows, for the masks the CUDA band kernel does not take (sinks + window, chunked causal,
-prefix-LM ...).
+windows, sinks + window, dense), with or without segment ids: on H200 this loop measured
+1.11-1.52x the CUDA decode kernel (:mod:`jax_bindings._cuda.decode`), which keeps what this one
+refuses: strided segments (dilated, strided masks) and head dims that are no power of two. A
+longer chunk at an offset (chunked prefill) runs the same loop on blocks of rows, for the masks
+the CUDA band kernel does not take (sinks + window, chunked causal, prefix-LM ...).
 
 Glossary (the kernel's symbols):
 
@@ -213,7 +212,7 @@ def preferred(layout: ACSR, q_shape, kv_heads: int, dtype: str) -> bool:
     """Whether decode should run here rather than on the CUDA decode kernel: wherever this kernel
     takes the call (:func:`refusal`). Measured on H200 (bf16, Hq=32, Hk=8, D=128) at 1.11-1.32x
     the CUDA decode kernel on every case both run: causal at three sizes, a window, sinks +
-    window, pages of 16, 4 and 16 query tokens (``benchmarks/NOTES.md``, session 28)."""
+    window, pages of 16, 4 and 16 query tokens."""
     return refusal(layout, q_shape, kv_heads, dtype) is None
 
 
@@ -233,7 +232,7 @@ def segment_table(layout: ACSR) -> np.ndarray:
 def block_n_for(d: int, itemsize: int, stages: int) -> int:
     """Keys a tile: the most of 128, 64, 32 whose pipelined K and V tiles (``stages - 1`` of each)
     fit in 160 KB of shared memory. On an H200 (bf16, D=128, 4 warps, 3 stages) 128 read 3-5% more
-    of HBM than 64, and 256 5-18% less (``benchmarks/NOTES.md``, session 27)."""
+    of HBM than 64, and 256 5-18% less."""
     for bn in (128, 64, 32):
         if max(1, stages - 1) * 2 * bn * d * itemsize <= 160 * 1024:
             return bn

@@ -241,10 +241,10 @@ class Plan:
 
 # (block_m, block_n, num_warps, num_stages) per op for head dims <= 128 on Hopper-class GPUs.
 _GPU_TILES = {
-    "fwd": (64, 64, 4, 3),  # best of 15 walks x tiles on H200 for rows of <= ~1k keys (NOTES.md)
-    "bwd_dq": (64, 32, 4, 3),  # H200, fused loop: best window + dilated + causal-window sum (NOTES.md)
+    "fwd": (64, 64, 4, 3),  # best of 15 walks x tiles on H200 for rows of <= ~1k keys
+    "bwd_dq": (64, 32, 4, 3),  # H200, fused loop: best window + dilated + causal-window sum
     "bwd_dkdv": (64, 32, 4, 3),  # H200, fused loop: +5% window, +21% dilated over 64x64x2 split
-    # unfused ops, H200 sweep at S=16384 (NOTES.md): spmm 2.0x, softmax 1.6x, sddmm 1.04x
+    # unfused ops, H200 sweep at S=16384: spmm 2.0x, softmax 1.6x, sddmm 1.04x
     "sddmm": (64, 64, 4, 3),
     "softmax": (16, 256, 4, 2),
     "spmm": (64, 128, 4, 2),
@@ -257,11 +257,11 @@ _LONG_TILES = {"fwd": (128, 128, 8, 3), "bwd_dq": (128, 64, 8, 3)}
 # Shorter rows: 128-row forward tiles run full tiles ~10% faster than 64-row ones (H200:
 # 477 vs 432 TF/s on a full mask) but waste more of a diagonal edge (window256: 266 vs 298).
 # Taken when 128x64 tiles cover the mask almost as tightly as 64x64 ones (block-local:
-# 403 vs 368 TF/s), see NOTES.md.
+# 403 vs 368 TF/s).
 _TALL_TILES = {"fwd": (128, 64, 8, 3)}
 _TALL_MIN_COVER = 0.97
 # Head dims over 128 in 16-bit types: sliding window (256, 256) at D = 256, S = 8192 / 16384,
-# H100 (splat tune, NOTES.md session 16): the forward 2.3x faster on 128x64x8x2 than on
+# H100 (splat tune): the forward 2.3x faster on 128x64x8x2 than on
 # 64x32x8x1, dK/dV 1.16x on 64x64x8x2; dQ's larger tiles exceed shared memory.
 _WIDE_HEAD_TILES = {"fwd": (128, 64, 8, 2), "bwd_dq": (64, 32, 8, 1), "bwd_dkdv": (64, 64, 8, 2)}
 
@@ -307,7 +307,7 @@ def _tuned(op: str, layout: ACSR, head_dim: int, dtype: str) -> Tiles | None:
 
 # Forward tiles with segment ids (packed documents): rows end at document ends, so key walks are
 # short and edge tiles many; 64 x 64 beat the causal family's tuned 128 x 128 by 12% on a
-# document-causal forward (H100, B=4, S=8192, documents of 256-4096 tokens, NOTES.md).
+# document-causal forward (H100, B=4, S=8192, documents of 256-4096 tokens).
 _DOCUMENT_FWD_TILES = Tiles(64, 64, 4, 3)
 
 
