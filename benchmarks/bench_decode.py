@@ -55,7 +55,7 @@ dense_xla         ``jax.nn.dot_product_attention(..., mask=[B, 1, Sq, Lmax] bool
 flex              torch ``flex_attention`` (``torch.compile``d; FlexDecoding for small Sq) with a
                   ``create_block_mask`` of the case's mask at the query positions, GQA
 triton_spike      ``decode(q, k_cache, v_cache, cache_seqlens, window=)`` of
-                  ``benchmarks/spike_decode_triton.py`` where that file exists (recorded as
+                  ``benchmarks/spikes/spike_decode_triton.py`` where that file exists (recorded as
                   absent otherwise): contiguous causal and causal-window caches, Sq <= 16
 ================  ==========================================================================
 
@@ -66,7 +66,8 @@ sink_window, dilated, documents >= 75% of HBM; chunk >= 1.0x FA3; paged >= 0.95x
 
 Run on the GPU machine (H200)::
 
-    python3 benchmarks/bench_decode.py --out results/decode-<device>.json --plot results/decode-<device>.png
+    python3 benchmarks/bench_decode.py --out benchmarks/results/decode-<device>.json \
+        --plot benchmarks/results/decode-<device>.png
     python3 benchmarks/bench_decode.py --quick            # small sizes, a set-up check
     python3 benchmarks/bench_decode.py --cases 'causal*' window --assert
 """
@@ -1061,10 +1062,10 @@ def _prep_flex(case: Case, x: Inputs, ctx: Context) -> list[Run]:
 
 @functools.cache
 def triton_spike() -> tuple[Callable | None, str]:
-    """``(decode, status)`` of ``benchmarks/spike_decode_triton.py``; ``decode`` None where absent."""
-    path = Path(__file__).resolve().parent / "spike_decode_triton.py"
+    """``(decode, status)`` of ``benchmarks/spikes/spike_decode_triton.py``; ``decode`` None where absent."""
+    path = Path(__file__).resolve().parent / "spikes" / "spike_decode_triton.py"
     if not path.exists():
-        return None, "absent (benchmarks/spike_decode_triton.py does not exist)"
+        return None, "absent (benchmarks/spikes/spike_decode_triton.py does not exist)"
     try:
         spec = importlib.util.spec_from_file_location("spike_decode_triton", path)
         mod = importlib.util.module_from_spec(spec)
@@ -1136,7 +1137,7 @@ DECODE_PEERS: dict[str, DecodePeer] = {
             _prep_dense_xla,
         ),
         DecodePeer("flex", "torch.compile(flex_attention) + create_block_mask", _prep_flex),
-        DecodePeer("triton_spike", "benchmarks/spike_decode_triton.py decode()", _prep_triton_spike),
+        DecodePeer("triton_spike", "benchmarks/spikes/spike_decode_triton.py decode()", _prep_triton_spike),
     )
 }
 

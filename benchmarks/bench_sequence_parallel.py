@@ -45,7 +45,8 @@ the all-gather baseline at 4; documents_262k >= 3.3x at 4 (per token); video_3d 
 
 Run on a GPU host (all its GPUs; ``--parts 2 4`` times both on a 4-GPU host)::
 
-    python3 benchmarks/bench_sequence_parallel.py --out results/sp-<device>.json --plot results/sp-<dev>.png
+    python3 benchmarks/bench_sequence_parallel.py --out benchmarks/results/sp-<device>.json \
+        --plot benchmarks/results/sp-<device>.png
     python3 benchmarks/bench_sequence_parallel.py --parts 2 4 --cases 'window*' causal_131k --assert
     python3 benchmarks/bench_sequence_parallel.py --smoke            # CPU devices, tiny: a set-up check
 """

@@ -14,7 +14,6 @@
 #   autotune-ex  splat tune --exhaustive on the forward of four patterns at S=16384 (judges the pruning)
 #                -> $OUT/tune-exhaustive.json (the store it writes goes to /tmp, not the package)
 #   auto:L1,L2   splat bench --backend auto vs cudnn / FA3 / FlexAttention on the baselines and windows
-#   spike        benchmarks/spike_hopper_fwd.py --quick -> $OUT/spike.json
 #   rtests       the gpu-marked runtime-mask tests alone (segment ids, lengths, offsets, soft cap)
 #   runtime      splat bench-runtime (documents, Gemma 2 local layer) vs FlexAttention / FA3
 #                -> $OUT/bench-runtime.json and .png
@@ -127,10 +126,6 @@ for l in sys.stdin:
       timeout 300 python3 benchmarks/compile_time.py --pattern "sliding_window(256, 256)" \
         --out "$OUT/compile_time_cuda.json" >"$OUT/compile_time_cuda.log" 2>&1
       echo "coldstart rc=$?"; tail -25 "$OUT/compile_time_cuda.log" ;;
-    spike)
-      timeout 300 python3 benchmarks/spike_hopper_fwd.py --quick --budget-s 120 --out "$OUT/spike.json" \
-        >"$OUT/spike.log" 2>&1
-      echo "spike rc=$?"; tail -25 "$OUT/spike.log" ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done

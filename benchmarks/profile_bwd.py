@@ -17,7 +17,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
-from cuda_spike_cases import MASKS, SCALE, D, H  # beside this script
+from profile_cases import MASKS, SCALE, D, H  # beside this script
 
 from jax_bindings._cuda import backend as cb
 from splat.tools import peers

@@ -28,7 +28,7 @@ import tempfile
 
 import jax
 import jax.numpy as jnp
-from cuda_spike_cases import MASKS, D, H  # beside this script
+from profile_cases import MASKS, D, H  # beside this script
 
 import splat
 from splat.tools.timing import chain

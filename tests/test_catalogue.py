@@ -77,7 +77,7 @@ def test_benchmark_scripts_draw_their_masks_from_the_catalogue():
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent / "benchmarks"
-    for path in sorted(root.glob("*.py")):
+    for path in sorted(root.rglob("*.py")):  # the suite and spikes/
         text = path.read_text()
         for ctor in ("dilated_window(", "block_local(", "strided(", "global_tokens("):
             assert f"masks.{ctor}" not in text, f"{path.name} builds masks.{ctor}...) itself"

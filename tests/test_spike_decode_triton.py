@@ -1,4 +1,4 @@
-"""The split-KV decode spike (``benchmarks/spike_decode_triton.py``) under Triton's interpreter.
+"""The split-KV decode spike (``benchmarks/spikes/spike_decode_triton.py``) under Triton's interpreter.
 
 Its split and combine kernels run on numpy arrays (float16 / float32: the interpreter mishandles
 bfloat16 dots) against a float64 numpy reference of the same masked attention. Cache rows past
@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-_PATH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "spike_decode_triton.py"
+_PATH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "spikes" / "spike_decode_triton.py"
 
 
 def _load():

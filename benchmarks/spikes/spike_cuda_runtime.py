@@ -10,7 +10,7 @@ Two experiments locate the cost: one document per row (the ids path on causal wa
 documents with the kernels' per-element id test cut out of their source (``no_id_test``: wrong
 outputs, timing only).
 
-    python3 benchmarks/spike_cuda_runtime.py [--out PATH]
+    python3 -m benchmarks.spikes.spike_cuda_runtime [--out PATH]
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
-from cuda_spike_cases import SCALE, D, H, chained_ms  # beside this script
 
+from benchmarks.profile_cases import SCALE, D, H, chained_ms
 from jax_bindings import _runtime
 from jax_bindings._cuda import backend as cb
 from jax_bindings._cuda import bwd_source, compiler, plan, runtime_tables, source

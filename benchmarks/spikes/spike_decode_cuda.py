@@ -4,7 +4,7 @@ Times ``jax_bindings._cuda.decode.forward`` directly (no public API in between) 
 cases of the inference issue (bf16, Hq=32, Hk=8, D=128, one token a row at the cache's last
 position), with the split count the planner picks and, with ``--sweep``, others; every peer's
 output checked against splat's. GB/s = bytes of K and V the mask needs / time. Prints a table,
-writes ``--out`` JSON. ``python -m benchmarks.spike_decode_cuda [--sweep] [--out f.json]``.
+writes ``--out`` JSON. ``python -m benchmarks.spikes.spike_decode_cuda [--sweep] [--out f.json]``.
 """
 
 from __future__ import annotations

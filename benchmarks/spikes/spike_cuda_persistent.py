@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Spike: the cuda backend's forward in its three CTA schedules, beside FlashAttention-3.
+"""Spike: the cuda backend's forward in its CTA schedules, beside FlashAttention-3.
 
 One process, one H100/H200, bf16, B=1, H=16, D=128: for each one-band mask and S, the backend's
 forward (the plan's variant, ``jax_bindings._cuda.plan.fwd_variant``, launched by
@@ -13,10 +13,11 @@ fit is skipped), ``/tma`` or ``/registers``, how the epilogue writes ``out`` (``
 ``base:`` before any of those: that variant as another revision's generator
 writes it (``--baseline``); and FA3's ``flash_mha`` where ``flash_attn3_jax``
 imports; each as 10 calls chained in one jitted program. Every schedule's ``out`` and ``lse``
-must be bit-identical to the first one's.
+must be bit-identical to the first one's. By default: ``plan``, ``strided``, ``queue`` (``grid``
+only while the generator still offers it).
 
-    python3 benchmarks/spike_cuda_persistent.py [--lengths 8192 16384] [--masks causal]
-        [--schedules grid strided queue queue@32 plan/q1 plan/q2 base:plan] [--repeat 3]
+    python3 -m benchmarks.spikes.spike_cuda_persistent [--lengths 8192 16384] [--masks causal]
+        [--schedules plan strided queue queue@32 plan/q1 plan/q2 base:plan] [--repeat 3]
         [--baseline /tmp/base_source.py] [--out PATH]
 """
 
@@ -30,12 +31,13 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
-from cuda_spike_cases import MASKS, SCALE, D, H, generating_with, load_generator  # beside this script
 
+from benchmarks.profile_cases import MASKS, SCALE, D, H
+from benchmarks.spikes.baseline import generating_with, load_generator
 from jax_bindings._cuda import backend, compiler, plan, source
 from splat.tools import peers, timing
 
-SCHEDULES = ("grid", "strided", "queue")
+SCHEDULES = ("plan", "strided", "queue")
 
 
 def variant_of(layout, spec: str):

@@ -1,23 +1,11 @@
-"""The sizes and masks the cuda-backend spikes time (issue 10's four: dense, causal, causal window
-1024, sliding window (256, 256); and the catalogue's block-local, a band measured from each
-block's first row) and their timer; imported by the scripts beside this one."""
+"""Another revision's kernel generator swapped into this one, for the ``--baseline`` of the cuda
+spikes beside this file. Since the kernels became CUDA files (c19f482) this raises
+``NotImplementedError``: time another revision by running the spike in its own checkout."""
 
 import contextlib
 import importlib.util
 
 from jax_bindings._cuda import source
-from splat import catalogue, masks
-from splat.tools import timing
-
-D, H = 128, 16  # head dim, heads
-SCALE = D**-0.5
-MASKS = {
-    "full": masks.full(),
-    "causal": masks.causal(),
-    "causal_window_1024": masks.sliding_window(1023, 0),
-    "sliding_window_256": masks.sliding_window(256, 256),
-    "block_local": catalogue.named("block_local"),
-}
 
 
 def load_generator(path: str):
@@ -53,10 +41,3 @@ def generating_with(generator, target=source):
     finally:
         for n, text in keep.items():
             setattr(target, n, text)
-
-
-def chained_ms(fn, args, feed, n=10) -> float:
-    """Milliseconds a call of ``fn(*args)``, timed as ``n`` calls chained in one jitted program
-    (``feed``: which output feeds which argument of the next call)."""
-    _, launch, sync = timing.compile_timed(fn, args, n, feed)
-    return timing.time_call(None, 2, 5, launch=launch, sync=sync, per_sample=n, calls_per_launch=n)["ms"]

@@ -40,8 +40,8 @@ Public surface: :func:`decode` (JAX arrays on a GPU, through ``jax_triton.triton
 :func:`plan` (grid, splits and constexprs; shared by all three), :func:`default_block_n` and
 :func:`num_splits_for` (the heuristics) and :func:`main` (the GPU sweep; needs jax-triton)::
 
-    python -m benchmarks.spike_decode_triton [--quick] [--configs 128/4/3 64/4/3/x2 ...] [--out PATH]
-    python -m benchmarks.spike_decode_triton --torch   # pointer loads vs tensor descriptors
+    python -m benchmarks.spikes.spike_decode_triton [--quick] [--configs 128/4/3 64/4/3/x2 ...] [--out PATH]
+    python -m benchmarks.spikes.spike_decode_triton --torch   # pointer loads vs tensor descriptors
 
 Example (CPU, interpreter)::
 

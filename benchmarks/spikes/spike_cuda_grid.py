@@ -11,7 +11,7 @@ chained in one jitted program; useful TFLOP/s count the mask's nonzeros. ``--rep
 the list of variants n times in turn (runs on one GPU drift by a few percent over seconds).
 
     git show REV:jax_bindings/_cuda/source.py > /tmp/base_source.py
-    python benchmarks/spike_cuda_grid.py [--cases 2d15 2d63 3d] [--variants planned nomask heads1 ...]
+    python -m benchmarks.spikes.spike_cuda_grid [--cases 2d15 2d63 3d] [--variants planned nomask heads1 ...]
         [--baseline /tmp/base_source.py --repeat 3]
 """
 
@@ -24,13 +24,21 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
-from cuda_spike_cases import SCALE, D, H, chained_ms, generating_with, load_generator
-from spike_neighborhood import CASES
 
+from benchmarks.profile_cases import SCALE, D, H, chained_ms
+from benchmarks.spikes.baseline import generating_with, load_generator
 from jax_bindings._cuda import backend as cb
 from jax_bindings._cuda import compiler, grid_tiles, plan, source
 from splat import masks
 
+# (grid, kernel size, options) of each case: the neighborhoods of `splat.catalogue.GRID`, by short name
+CASES = {
+    "2d15": ((128, 128), 15, {}),
+    "2d63": ((128, 128), 63, {}),
+    "2d7": ((128, 128), 7, {}),
+    "2d7d2": ((128, 128), 7, {"dilation": 2}),
+    "3d": ((16, 32, 32), (5, 9, 9), {"is_causal": (True, False, False)}),
+}
 MASK_BRANCH = "void apply(float* sc) const {\n    if (edge) {"  # the grid mask's (kernels/fwd/mask_grid.cuh)
 NOMASK = (MASK_BRANCH, MASK_BRANCH.replace("if (edge)", "if (false)"))
 # other (q_tile, k_tile) shapes per case than the planner's

@@ -13,7 +13,7 @@ One process, one H100/H200, bf16, B=1, H=16, D=128: for each one-band mask and S
 each as 10 calls chained in one jitted program (the gradient fed back as the next call's
 cotangent). Gradients of every route are checked against the ordered cuda one.
 
-    python3 benchmarks/spike_cuda_bwd.py [--lengths 8192 16384] [--bwd-routes base triton]
+    python3 -m benchmarks.spikes.spike_cuda_bwd [--lengths 8192 16384] [--bwd-routes base triton]
         [--baseline /tmp/base_bwd_source.py [--baseline-ordered]] [--out PATH]
 """
 
@@ -28,8 +28,9 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
-from cuda_spike_cases import MASKS, SCALE, D, H, chained_ms, generating_with, load_generator
 
+from benchmarks.profile_cases import MASKS, SCALE, D, H, chained_ms
+from benchmarks.spikes.baseline import generating_with, load_generator
 from jax_bindings._cuda import backend as cb
 from jax_bindings._cuda import bwd_source, compiler, plan
 from jax_bindings._triton import backend as tb
