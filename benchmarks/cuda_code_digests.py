@@ -176,11 +176,17 @@ def _inputs(variant, flat: bool) -> tuple[str, dict[str, str]]:
     return variant.named_source()[1], {}
 
 
+# Fields the variants gained after digests were first recorded, with the value that means what
+# their absence meant: an id leaves them out at that value, so the ids of the variants that
+# existed before stay the same.
+ADDED_FIELDS = {"head_dim": 128, "soft_cap": None}
+
+
 def _variant_id(v) -> str:
-    """A planned variant's id: its class and the fields that differ from their defaults, so that a
-    field added later at its default leaves the ids of the variants that existed before unchanged."""
+    """A planned variant's id: its class and its fields, but :data:`ADDED_FIELDS` at their old
+    meaning."""
     fields = [f"{f.name}={getattr(v, f.name)!r}" for f in dataclasses.fields(v)
-              if f.default is dataclasses.MISSING or getattr(v, f.name) != f.default]
+              if f.name not in ADDED_FIELDS or getattr(v, f.name) != ADDED_FIELDS[f.name]]
     return f"{type(v).__name__}({', '.join(fields)})"
 
 

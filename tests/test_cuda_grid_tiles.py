@@ -122,8 +122,8 @@ def test_refusals_name_why():
 
 def test_bad_grid_source_arguments_are_named():
     tiles = grid_tiles.grid_plan(masks.neighborhood((16, 20), 5).to_acsr().grid).tiles
-    with pytest.raises(ValueError, match="persistent schedule"):
-        gen.source(None, None, block_n=tiles.block_n, grid=tiles)
+    with pytest.raises(ValueError, match="no band"):
+        gen.source(1023, 0, block_n=tiles.block_n, grid=tiles)
     with pytest.raises(ValueError, match="block_n"):
         gen.source(None, None, block_n=tiles.block_n + 16, schedule="strided", grid=tiles)
     with pytest.raises(ValueError, match="runtime"):

@@ -33,7 +33,7 @@ def _programs() -> dict[str, parts.Program]:
     return {
         "fwd-causal-ids": plan.fwd_variant(causal, 128, "bfloat16", "ids").program(),
         "fwd-window-shifted": plan.fwd_variant(window, 128, "float16", "lengths", shifted=True).program(),
-        "fwd-cp.async": source.program(255, 0, feed="cp.async", overlap=False, pingpong=False),
+        "fwd-queue-sections": source.program(None, 0, schedule="queue", section_bytes=16 << 20),
         "fwd-grid": plan.fwd_variant(grid, 128, "bfloat16").program(),
         "bwd-causal-ids": plan.bwd_variant(causal, 128, "bfloat16", "ids").program(),
         "bwd-block-local": bwd_source.program(192, 95, band_block=96, key_order="first_first", ordered=False),

@@ -15,7 +15,7 @@ import re
 import numpy as np
 import pytest
 
-from jax_bindings._cuda import bwd_passes, compiler, plan
+from jax_bindings._cuda import bwd_passes, compiler, grid_tiles, plan
 from jax_bindings._cuda import bwd_source as bwd
 from jax_bindings._cuda import source as gen
 from splat import masks
@@ -24,21 +24,17 @@ from splat import masks
 @pytest.mark.parametrize(
     "kwargs, name",
     [
-        (dict(feed="bulk"), "feed"),
         (dict(block_n=100), "block_n"),
         (dict(block_n=272), "block_n"),
         (dict(stages=0), "stages"),
         (dict(dtype="float32"), "dtype"),
-        (dict(schedule="queue", feed="cp.async"), "schedule"),
+        (dict(schedule="grid"), "schedule"),  # one CTA per row block: no longer generated
         (dict(schedule="dynamic"), "schedule"),
         (dict(schedule="queue", section_bytes=-1), "section_bytes"),
         (dict(schedule="queue", section_bytes=1.5), "section_bytes"),
         (dict(schedule="queue", section_bytes=True), "section_bytes"),
         (dict(runtime="padding"), "runtime"),
-        (dict(runtime="ids", feed="cp.async"), "runtime"),
         (dict(schedule="queue", o_store="smem"), "o_store"),
-        (dict(o_store="tma"), "o_store"),  # the grid launch
-        (dict(schedule="queue", feed="cp.async", o_store="tma"), "o_store|schedule"),
         (dict(band_block=0), "band_block"),
         (dict(band_block=2.0), "band_block"),
         (dict(band_block=True), "band_block"),
@@ -112,23 +108,22 @@ def test_shared_memory_fits_the_variants_built():
         assert "BAR_BYTES = 256;" in gen.source(None, None, stages=stages)
 
 
-def test_out_is_stored_by_tma_only_from_a_persistent_band_kernel():
+def test_out_is_stored_by_tma_only_from_a_band_kernel():
     """``o_store="tma"`` bakes in the staged epilogue (out's map fourth in the templates, each
-    CTA's slot holding four maps); the grid launch, grid tiles and the cp.async feed refuse it."""
+    CTA's slot holding four maps); grid tiles refuse it."""
     assert "O_TMA = true;" in gen.source(255, 255, schedule="strided", o_store="tma")
     assert "O_TMA = false;" in gen.source(255, 255, schedule="strided")
     assert gen.SLOT_BYTES == 4 * 128
+    tiles = grid_tiles.grid_plan(masks.neighborhood((16, 20), 5).to_acsr().grid).tiles
     with pytest.raises(ValueError, match="o_store"):
-        gen.source(255, 255, o_store="tma")
+        gen.source(None, None, grid=tiles, block_n=tiles.block_n, o_store="tma")
 
 
 def test_rescheduled_variants_keep_what_their_schedule_takes():
-    """``plan.rescheduled``: the grid launch gets one Q tile and register stores; a persistent
-    schedule keeps the variant's Q tiles and store unless told, two Q tiles only where they fit."""
+    """``plan.rescheduled``: another schedule keeps the variant's Q tiles and store unless told,
+    two Q tiles only where they fit."""
 
     window = plan.fwd_variant(masks.sliding_window(255, 255).to_acsr(4096), 128, "bfloat16")
-    grid = plan.rescheduled(window, "grid")
-    assert (grid.schedule, grid.q_stages, grid.o_store) == ("grid", 1, "registers")
     queue = plan.rescheduled(window, "queue", 3 << 20)
     got = (queue.schedule, queue.section_bytes, queue.q_stages, queue.o_store)
     assert got == ("queue", 3 << 20, 2, "tma")
@@ -138,12 +133,11 @@ def test_rescheduled_variants_keep_what_their_schedule_takes():
     assert plan.rescheduled(dense, "strided", q_stages=2).q_stages == 1  # no room beside 176-key tiles
 
 
-def test_two_q_tiles_need_a_persistent_schedule():
-    """``q_stages=2`` is baked in for the persistent schedules and refused, by name, for the grid
-    launch (whose consumers load Q themselves) and for any other count."""
+def test_one_or_two_q_tiles():
+    """``q_stages`` is baked in; a count other than 1 or 2 is refused by name."""
     assert "Q_STAGES = 2;" in gen.source(255, 255, schedule="strided", q_stages=2)
     assert "Q_STAGES = 1;" in gen.source(255, 255, schedule="strided")
-    for schedule, q_stages in (("grid", 2), ("queue", 3), ("strided", 0)):
+    for schedule, q_stages in (("queue", 3), ("strided", 0)):
         with pytest.raises(ValueError, match="q_stages"):
             gen.source(255, 255, schedule=schedule, q_stages=q_stages)
 
@@ -165,13 +159,13 @@ def test_every_schedule_has_one_signature_and_the_queue_takes_tickets():
     uses = [(n, line) for n, t in parts_.items() if n.startswith("fwd/") for line in t.splitlines()
             if re.search(r"\bp\.sem\b", line)]
     assert uses == [("fwd/producer.cuh",
-                     "        w = publish_ticket(n, p.sem, sched.n_work, sm.ticket(), sm.item_full(0), "
+                     "      w = publish_ticket(n, p.sem, sched.n_work, sm.ticket(), sm.item_full(0), "
                      "sm.item_empty(0));")]
     producer = parts_["fwd/producer.cuh"]
     before, branch = producer.split(uses[0][1])[0], "if (SCHEDULE == QUEUE) {"
     assert branch in before and "}" not in before.rsplit(branch, 1)[1]
-    assert "enum : int { GRID_LAUNCH = 0, STRIDED = 1, QUEUE = 2 };" in parts_["fwd/params.cuh"]
-    assert gen.SCHEDULES == {"grid": 0, "strided": 1, "queue": 2}  # the kernel's enum, mirrored
+    assert "enum : int { STRIDED = 1, QUEUE = 2 };" in parts_["fwd/params.cuh"]
+    assert gen.SCHEDULES == {"strided": 1, "queue": 2}  # the kernel's enum, mirrored
     assert [s for s in gen.SCHEDULES if gen.takes_tickets(s)] == ["queue"]
     names = {gen.with_unique_name(gen.source(1023, 0, schedule=s))[0] for s in gen.SCHEDULES}
     assert len(names) == len(gen.SCHEDULES)
@@ -219,7 +213,6 @@ def test_the_plan_picks_a_schedule_and_its_grid():
         with pytest.raises(NotImplementedError, match="runtime mask on plain bands only"):
             plan.band_form(mask.to_acsr(4096), 128, "bfloat16", "lengths")
     shape = (2, 1000, 3, 128)  # 8 row blocks, 48 work tiles
-    assert plan.grid(shape, "grid", 132) == (8, 3, 2)
     assert plan.grid(shape, "strided", 132) == plan.grid(shape, "queue", 132) == (48, 1, 1)
     assert plan.grid(shape, "queue", 5) == (5, 1, 1)
     with pytest.raises(ValueError, match="schedule"):
@@ -229,7 +222,7 @@ def test_the_plan_picks_a_schedule_and_its_grid():
                         schedule="persistent")
 
 
-VARIANTS = [  # (left, right, source kwargs): the backend's variants, then the spike's schedules
+VARIANTS = [  # (left, right, source kwargs): the backend's variants, then other schedules and tiles
     (None, None, dict(block_n=176)),
     (None, None, dict(block_n=176, dtype="float16")),
     (None, 0, {}),
@@ -248,9 +241,6 @@ VARIANTS = [  # (left, right, source kwargs): the backend's variants, then the s
     (1023, 0, dict(schedule="strided", q_stages=2, o_store="tma")),
     (None, None, dict(block_n=176, schedule="queue", o_store="tma")),
     (-7, 40, dict(schedule="queue", stages=3, o_store="tma")),
-    (255, 0, dict(overlap=False, pingpong=False)),
-    (255, 0, dict(feed="cp.async")),
-    (255, 0, dict(feed="none")),
     (255, 0, dict(stages=3)),
     (512, 511, dict(schedule="strided", q_stages=2, o_store="tma", band_block=512)),
     (None, 199, dict(schedule="queue", section_bytes=16 << 20, q_stages=2, o_store="tma", band_block=200)),

@@ -86,7 +86,7 @@ LOG2E = math.log2(math.e)
 
 
 def _sm_count() -> int:
-    """Streaming multiprocessors of the default GPU (the persistent grid's size; an H100 SXM's 132
+    """Streaming multiprocessors of the default GPU (the forward's grid size; an H100 SXM's 132
     where jaxlib does not say)."""
     return int(getattr(jax.devices("gpu")[0], "core_count", 132))
 

@@ -26,17 +26,18 @@ class FwdVariant:
 
     ``block_n``: keys per tile (176 on the dense mask, whose long rows amortise the wider tile's
     edge: 1.00-1.03x 128 keys on H100; 128 elsewhere: 176 ran a causal window at 0.87-0.90x);
-    ``stages``: K/V ring depth; consumer overlap and ping-pong always on (ping-pong: +5-10% on
-    a window, within run-to-run noise on dense);
+    ``stages``: K/V ring depth; the consumers always overlap a tile's products with the last
+    one's and take turns issuing (ping-pong: +5-10% on a window, within run-to-run noise on
+    dense);
     ``schedule`` (:data:`source.SCHEDULES`) and ``section_bytes``: how CTAs get work tiles, as
     measured on H100.
     ``"queue"``, one CTA per SM taking tiles by ticket: on dense a head after another
-    (``section_bytes=0``; 1.02-1.04x the grid launch); on causal in sections of the heads whose
-    K/V fit :data:`QUEUE_SECTION_BYTES`, longest walks first across a section (1.19x / 1.02x the
-    grid launch at S = 8192 / 16384, where a head at a time was 1.06x / 1.00x).
-    ``"strided"``, one CTA per SM taking every ``gridDim.x``-th tile, on bands bounded on the
-    left, whose row blocks all walk about as far (1.05-1.24x the grid launch; the queue within
-    noise of it). ``"grid"``, one CTA per row block, is kept for the spikes and tests.
+    (``section_bytes=0``; 1.02-1.04x a launch of one CTA per row block); on causal in sections of
+    the heads whose K/V fit :data:`QUEUE_SECTION_BYTES`, longest walks first across a section
+    (1.19x / 1.02x one CTA per row block at S = 8192 / 16384, where a head at a time was 1.06x /
+    1.00x). ``"strided"``, one CTA per SM taking every ``gridDim.x``-th tile, on bands bounded on
+    the left, whose row blocks all walk about as far (1.05-1.24x one CTA per row block; the queue
+    within noise of it).
     ``runtime`` (:data:`source.RUNTIMES`): the runtime mask it takes (lengths, segment ids).
     ``q_stages``: Q tiles in shared memory, 2 where they fit (:func:`with_two_q_tiles`).
     ``o_store`` (:data:`source.O_STORES`): how the epilogue writes ``out``; the planner's
@@ -51,7 +52,7 @@ class FwdVariant:
     dtype: str
     block_n: int = source.BN
     stages: int = 2
-    schedule: str = "grid"
+    schedule: str = "strided"
     section_bytes: int = 0
     runtime: str = ""
     q_stages: int = 1
@@ -318,14 +319,11 @@ def with_two_q_tiles(variant: FwdVariant) -> FwdVariant:
 
 def rescheduled(variant: FwdVariant, schedule: str, section_bytes: int = 0, q_stages: int | None = None,
                 o_store: str | None = None) -> FwdVariant:
-    """``variant`` in another CTA ``schedule`` (for spikes, tests and the sanitizer): the grid
-    launch with one Q tile and ``out`` stored from registers, the only ones it takes; a persistent
-    schedule with ``q_stages`` Q tiles (2 where they fit, :func:`with_two_q_tiles`) and
+    """``variant`` in another CTA ``schedule`` (for spikes, tests and the sanitizer) with
+    ``q_stages`` Q tiles (2 where they fit, :func:`with_two_q_tiles`; None: the variant's) and
     ``o_store`` (None: the variant's)."""
     q_stages = variant.q_stages if q_stages is None else q_stages
     o_store = variant.o_store if o_store is None else o_store
-    if schedule == "grid":
-        q_stages, o_store = 1, "registers"
     moved = dataclasses.replace(variant, schedule=schedule, section_bytes=section_bytes, q_stages=1,
                                 o_store=o_store)
     return with_two_q_tiles(moved) if q_stages == 2 else moved
@@ -340,17 +338,14 @@ def compiled(variant: FwdVariant | GridFwdVariant | BwdVariant) -> tuple[str, by
 
 def grid(q_shape: tuple[int, ...], schedule: str, sm_count: int, row_blocks: int | None = None
          ) -> tuple[int, int, int]:
-    """CTAs of the forward over ``q [B, Sq, H, D]`` for ``schedule``: ``"grid"``, (row blocks,
-    heads, batch); ``"strided"`` and ``"queue"``, one per SM (``sm_count``) up to the number of
-    work tiles. ``row_blocks``: work tiles of a (batch, head) (a grid layout's patches), by
-    default ``Sq`` in row blocks."""
+    """CTAs of the forward over ``q [B, Sq, H, D]`` in ``schedule`` (:data:`source.SCHEDULES`):
+    one per SM (``sm_count``) up to the number of work tiles. ``row_blocks``: work tiles of a
+    (batch, head) (a grid layout's patches), by default ``Sq`` in row blocks."""
     source.check_schedule(schedule)
     B, Sq, H, _ = q_shape
     if row_blocks is None:
         row_blocks = -(-Sq // source.BM)
-    if schedule != "grid":
-        return min(sm_count, row_blocks * H * B), 1, 1
-    return row_blocks, H, B
+    return min(sm_count, row_blocks * H * B), 1, 1
 
 
 def tensor_maps(block_n: int, q_shape, k_shape, v_shape) -> bytes:

@@ -1,9 +1,9 @@
 """A Hopper (sm_90a) attention forward for a band baked in: its variants' programs and their checks.
 
 The kernel is ``kernels/fwd/fwd.cu`` and its parts (:mod:`jax_bindings._cuda.parts`), one per
-concern: the tile scheduler (``grid``, ``strided``, ``queue``), the work tiles' walks and masks
-(band, runtime lengths and ids, shifted queries; a grid layout's spatial tiles), the producer
-(TMA or ``cp.async``), the consumers' main loop with the online softmax, and the epilogue; the
+concern: the tile scheduler (``strided``, ``queue``), the work tiles' walks and masks (band,
+runtime lengths and ids, shifted queries; a grid layout's spatial tiles), the TMA producer, the
+consumers' main loop with the online softmax, and the epilogue; the
 parts any kernel may use are in ``kernels/common/``. :func:`program` is a variant's program: the
 parts and one generated header of its constants (``fwd_config.cuh``: tile sizes, the band, the
 schedule, the flags; the ``wgmma`` instructions for its tile width). :func:`source` is the same
@@ -56,8 +56,7 @@ PRODUCER_REGS, CONSUMER_REGS = 24, 240
 THREADS = (CONSUMER_WARPS + PRODUCER_WARPS) * 32
 KERNEL_NAME = "splat_fwd_wgmma"
 UNBOUNDED = 1 << 30
-FEEDS = {"cp.async": 0, "tma": 1, "none": 2}
-SCHEDULES = {"grid": 0, "strided": 1, "queue": 2}  # how CTAs get their work tiles (see source())
+SCHEDULES = {"strided": 1, "queue": 2}  # how CTAs get their work tiles (see program())
 O_STORES = ("registers", "tma")  # how the epilogue writes out (see source())
 
 
@@ -86,7 +85,7 @@ def padded_head_dim(head_dim: int) -> int:
 
 def check_head_dim(head_dim) -> None:
     """ValueError naming ``head_dim`` unless the kernels' tiles take it (a multiple of 16, rows
-    of whole 16-byte chunks as TMA and cp.async copy them, up to 256: a wgmma's widest N)."""
+    of whole 16-byte chunks as TMA copies them, up to 256: a wgmma's widest N)."""
     ok = isinstance(head_dim, int) and not isinstance(head_dim, bool) and head_dim % 16 == 0
     if not ok or not 16 <= head_dim <= 256:
         raise ValueError(f"head_dim must be a multiple of 16 in [16, 256], got {head_dim!r}")
@@ -248,9 +247,8 @@ def grid_constants(grid) -> dict[str, int | bool]:
     return out
 
 
-def program(left: int | None, right: int | None, *, stages: int = 2, overlap: bool = True,
-           pingpong: bool = True, feed: str = "tma", proxy_fence: bool | None = None,
-           block_n: int = BN, dtype: str = "bfloat16", schedule: str = "grid", section_bytes: int = 0,
+def program(left: int | None, right: int | None, *, stages: int = 2,
+           block_n: int = BN, dtype: str = "bfloat16", schedule: str = "strided", section_bytes: int = 0,
            runtime: str = "", grid=None, q_stages: int = 1, o_store: str = "registers",
            band_block: int = 1, shifted: bool = False, head_dim: int = D,
            soft_cap: float | None = None) -> parts.Program:
@@ -258,17 +256,15 @@ def program(left: int | None, right: int | None, *, stages: int = 2, overlap: bo
     constants) for the mask ``a(i) - left <= j <= a(i) + right`` (``None``: unbounded),
     ``a(i) = i - i % band_block`` (row ``i`` itself by default; :class:`acsr.BandForm`'s ``block``).
 
-    ``feed``: how K/V reach shared memory: ``"tma"`` (tensor maps: ``tmap_templates`` holds K's,
-    V's and Q's, encoded on the host for the call's shapes; each CTA publishes them with its base
-    addresses in its :data:`SLOT_BYTES` slot of ``tmap_slots``), ``"cp.async"``, or ``"none"`` (a
-    timing experiment: no copies, the output is not attention). ``schedule`` (:data:`SCHEDULES`):
-    ``"grid"`` launches ``grid = (row blocks, H, B)``, a CTA per work tile, and the consumers load
-    Q with cp.async; ``"strided"`` and ``"queue"`` launch at most one CTA per SM (``grid = (CTAs,
-    1, 1)``) looping over work tiles (row block, head, batch; longest walks first): with
-    ``"strided"`` each takes every ``gridDim.x``-th one, with ``"queue"`` the next one by ticket
-    from the counter ``sem`` (zeroed before the launch). Those two need ``feed="tma"``: the
-    producer loads Q by TMA too, the next tile's Q and K/V while the consumers finish the last
-    one, and the maps are published once a CTA. ``section_bytes``: the queue takes
+    Q, K and V reach shared memory by TMA: ``tmap_templates`` holds K's, V's and Q's tensor maps,
+    encoded on the host for the call's shapes; each CTA publishes them with its base addresses in
+    its :data:`SLOT_BYTES` slot of ``tmap_slots``. Two consumer warpgroups take turns issuing
+    (ping-pong), each overlapping a tile's ``Q K^T`` with the last tile's ``P V``.
+    ``schedule`` (:data:`SCHEDULES`): at most one CTA per SM (``grid = (CTAs, 1, 1)``) looping over
+    work tiles (row block, head, batch; longest walks first): with ``"strided"`` each takes every
+    ``gridDim.x``-th one, with ``"queue"`` the next one by ticket from the counter ``sem`` (zeroed
+    before the launch); the producer loads the next tile's Q and K/V while the consumers finish
+    the last one. ``section_bytes``: the queue takes
     (batch, head)s in sections of as many as ``section_bytes`` of K and V hold at the call's
     ``Skv`` (at least one), a section after another; within one, longest walks first across its
     heads. 0 (the default): one (batch, head) after another. The strided schedule takes work
@@ -283,19 +279,17 @@ def program(left: int | None, right: int | None, *, stages: int = 2, overlap: bo
     key tiles of its key box, each masked from the per-axis windows unless inside all of them;
     the kernel then takes ``grid_tables`` (:func:`jax_bindings._cuda.grid_tiles.grid_plan`)
     after ``tmap_templates`` and 5-D tensor maps
-    (:func:`jax_bindings._cuda.tensor_map.grid_template`), and needs a persistent ``schedule``,
+    (:func:`jax_bindings._cuda.tensor_map.grid_template`), and needs
     ``block_n = prod(grid.k_tile)`` and no runtime mask.
-    ``q_stages``: Q tiles in shared memory, 1 or 2 (2 needs a persistent ``schedule``): with 2
+    ``q_stages``: Q tiles in shared memory, 1 or 2: with 2
     the producer loads the next work tile's Q, then its first K and V tiles, while the consumers
     still walk the current one; with 1 it waits until the current tile's last ``Q K^T`` is done.
     ``o_store``: how the epilogue writes ``out``: ``"registers"``, each thread its values; ``"tma"``
-    (a persistent band kernel fed by TMA), each warpgroup its rows into its half of the tile's Q
+    (a band kernel), each warpgroup its rows into its half of the tile's Q
     slot, then two TMA stores (``tmap_templates`` then holds out's map, boxes of 64 rows, fourth);
     the slot goes back to the producer once the stores have read it: after the next walk's first
     products with two Q tiles, at once with one.
-    ``proxy_fence``: the consumers' generic -> async proxy fence after each wait (needed for
-    cp.async; default on for it only). ``block_n``:
-    keys per tile (the wgmma N of ``Q K^T``). V's MN-major descriptor has the 64-column block
+    ``block_n``: keys per tile (the wgmma N of ``Q K^T``). V's MN-major descriptor has the 64-column block
     stride (``block_n * 128`` bytes) as its leading offset and 8 keys (1024 bytes) as its stride;
     the other order was built and fails the check.
     ``shifted``: queries at run-time positions (a chunk of queries at an offset into a KV cache):
@@ -308,35 +302,26 @@ def program(left: int | None, right: int | None, *, stages: int = 2, overlap: bo
     :func:`padded_head_dim` columns wide. ``soft_cap``: ``c`` in ``c * tanh(s * scale / c)``,
     applied to each score before the mask (None: none).
     """
-    if feed not in FEEDS:
-        raise ValueError(f"feed must be one of {sorted(FEEDS)}, got {feed!r}")
     check_schedule(schedule)
-    if schedule != "grid" and feed != "tma":
-        raise ValueError(f"schedule={schedule!r} needs feed='tma' (Q comes by TMA), got feed={feed!r}")
     if block_n % 16 or not 16 <= block_n <= 256:
         raise ValueError(f"block_n must be a multiple of 16 in [16, 256], got {block_n}")
     check_arguments(left, right, stages, dtype, band_block)
     check_head_dim(head_dim)
     check_soft_cap(soft_cap)
-    if runtime == "ids" and feed != "tma":
-        raise ValueError(f"runtime='ids' needs feed='tma' (key ids come with K by bulk copy), got {feed!r}")
     check_section_bytes(section_bytes)
-    if q_stages not in (1, 2) or (q_stages == 2 and schedule == "grid"):
-        raise ValueError(f"q_stages must be 1, or 2 with a persistent schedule, got q_stages={q_stages!r} "
-                         f"with schedule={schedule!r}")
+    if q_stages not in (1, 2):
+        raise ValueError(f"q_stages must be 1 or 2, got {q_stages!r}")
     if o_store not in O_STORES:
         raise ValueError(f"o_store must be one of {O_STORES}, got {o_store!r}")
-    if o_store == "tma" and (schedule == "grid" or feed != "tma" or grid is not None):
-        raise ValueError(f"o_store='tma' needs a persistent schedule, feed='tma' and no grid tiles, got "
-                         f"schedule={schedule!r}, feed={feed!r}, grid={grid!r}")
+    if o_store == "tma" and grid is not None:
+        raise ValueError(f"o_store='tma' needs a band kernel (no grid tiles), got grid={grid!r}")
     if shifted and (not runtime or band_block != 1 or grid is not None):
         raise ValueError(f"shifted needs a runtime mask and a plain band, got runtime={runtime!r}, "
                          f"band_block={band_block!r}, grid={grid!r}")
     if grid is not None:
-        if schedule == "grid" or runtime or left is not None or right is not None or band_block != 1:
-            raise ValueError(f"grid tiles need a persistent schedule, no runtime mask and no band, got "
-                             f"schedule={schedule!r}, runtime={runtime!r}, left={left!r}, right={right!r}, "
-                             f"band_block={band_block!r}")
+        if runtime or left is not None or right is not None or band_block != 1:
+            raise ValueError(f"grid tiles need no runtime mask and no band, got runtime={runtime!r}, "
+                             f"left={left!r}, right={right!r}, band_block={band_block!r}")
         if block_n != grid.block_n:
             raise ValueError(f"block_n must be the key tile's {grid.block_n} keys with grid tiles, "
                              f"got {block_n}")
@@ -344,13 +329,12 @@ def program(left: int | None, right: int | None, *, stages: int = 2, overlap: bo
     constants = {
         "BM": BM, "BN": block_n, "HD": padded_head_dim(head_dim), "HEAD_DIM": head_dim,
         "SOFT_CAP": float(soft_cap or 0.0), "STAGES": stages, "LEFT": bound(left), "RIGHT": bound(right),
-        "BAND_BLOCK": band_block, "UNBOUNDED": UNBOUNDED, "OVERLAP": overlap, "PINGPONG": pingpong,
-        "SCHEDULE": SCHEDULES[schedule], "SECTION_BYTES": section_bytes, "Q_STAGES": q_stages,
-        "RT": RUNTIMES[runtime], "SHIFTED": shifted, **grid_constants(grid), "FEED": FEEDS[feed],
-        "PROXY_FENCE": feed == "cp.async" if proxy_fence is None else bool(proxy_fence),
+        "BAND_BLOCK": band_block, "UNBOUNDED": UNBOUNDED, "SCHEDULE": SCHEDULES[schedule],
+        "SECTION_BYTES": section_bytes, "Q_STAGES": q_stages,
+        "RT": RUNTIMES[runtime], "SHIFTED": shifted, **grid_constants(grid),
         "BAR_BYTES": bar_bytes(stages), "MAP_STAGE_BYTES": map_stage_bytes(o_store),
         "O_TMA": o_store == "tma",
-        "THREADS": THREADS, "CONSUMER_WARPS": CONSUMER_WARPS, "PRODUCER_WARPS": PRODUCER_WARPS,
+        "THREADS": THREADS, "CONSUMER_WARPS": CONSUMER_WARPS,
         "CONSUMER_REGS": CONSUMER_REGS, "PRODUCER_REGS": PRODUCER_REGS, "SLOT_BYTES": SLOT_BYTES,
     }
     on = grid is not None

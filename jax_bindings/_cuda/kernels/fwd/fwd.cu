@@ -19,12 +19,10 @@
 //   RT, SHIFTED    the runtime mask and queries at run-time positions (mask.cuh)
 //   GRID, G*, QT*, KT*, GP*   a grid layout's tiles instead of the band (mask_grid.cuh)
 //   SCHEDULE, SECTION_BYTES   how CTAs get work tiles (tile_scheduler.cuh)
-//   FEED, PROXY_FENCE         how K/V reach shared memory (producer.cuh); the consumers' proxy
-//                             fence after each wait (cp.async needs it)
-//   OVERLAP, PINGPONG         the consumers' schedule (mainloop.cuh)
 //   O_TMA          out stored by TMA from the Q tile (epilogue.cuh)
-//   THREADS, CONSUMER_WARPS, PRODUCER_WARPS, CONSUMER_REGS, PRODUCER_REGS   the CTA's warps and
-//                  their registers (setmaxnreg: a CTA of 12 warps starts at 168 a thread)
+//   THREADS, CONSUMER_WARPS, CONSUMER_REGS, PRODUCER_REGS   the CTA's threads, its consumer warps
+//                  (the others are the producer's), and their registers (setmaxnreg: a CTA of
+//                  12 warps starts at 168 a thread)
 //   BAR_BYTES, MAP_STAGE_BYTES, SLOT_BYTES   shared memory of the mbarriers and tickets, of the
 //                  tensor maps' staging buffers; global memory of a CTA's tensor maps
 //
@@ -73,8 +71,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) SPLAT_KERNEL_NAME(
   if (O_TMA && warp == 0) publish_tmap(go, tmap_templates + 384, sm.tmap_stage + 384, out, lane);
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(sm.full_k(s), FEED == TMA ? 1 : PRODUCER_WARPS * 32);
-      mbar_init(sm.full_v(s), FEED == TMA ? 1 : PRODUCER_WARPS * 32);
+      mbar_init(sm.full_k(s), 1);
+      mbar_init(sm.full_v(s), 1);
       mbar_init(sm.empty_k(s), CONSUMER_WARPS);
       mbar_init(sm.empty_v(s), CONSUMER_WARPS);
     }
@@ -88,9 +86,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) SPLAT_KERNEL_NAME(
   __syncthreads();
 
   const Cta cta = {tid, warp, lane, gk, go};
-  const size_t kv_row = (size_t)Hkv * HEAD_DIM;  // elements between consecutive keys
   if (warp >= CONSUMER_WARPS) {
-    produce(p, sm, sched, cta, kv_row, kv_ids_stride);
+    produce(p, sm, sched, cta, kv_ids_stride);
   } else {
     consume(p, sm, sched, cta);
   }

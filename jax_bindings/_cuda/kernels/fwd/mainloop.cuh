@@ -6,13 +6,12 @@
 // element, the A fragment of the next product once rounded), V from shared memory read MN-major:
 // its descriptor has the 64-column block stride (BN * 128 bytes) as its leading offset and 8 keys
 // (1024 bytes) as its stride.
-//   OVERLAP   issues Q K^T of tile t with P V of tile t - 1 and runs the softmax of t under it
-//   PINGPONG  the two warpgroups take turns issuing (named barriers 3 and 4): the turns run on
-//             across work tiles; warpgroup 1 hands warpgroup 0 the first turn once, before the
-//             CTA's first walk, and each warpgroup passes the turn after its last P V too, so that
-//             warpgroup 0 issues the next tile's first products while warpgroup 1 finishes its
-//             epilogue; warpgroup 0 takes the one turn left over when the CTA has no more work
-// Q comes by TMA from the producer in a persistent schedule, else by the consumers' cp.async.
+// Each warpgroup issues Q K^T of tile t with P V of tile t - 1 and runs the softmax of t under
+// P V of t - 1. The two warpgroups take turns issuing (ping-pong; named barriers 3 and 4): the
+// turns run on across work tiles; warpgroup 1 hands warpgroup 0 the first turn once, before the
+// CTA's first walk, and each warpgroup passes the turn after its last P V too, so that warpgroup 0
+// issues the next tile's first products while warpgroup 1 finishes its epilogue; warpgroup 0
+// takes the one turn left over when the CTA has no more work. Q comes by TMA from the producer.
 // A K stage is released once its product is complete (before the softmax); with segment ids,
 // once the softmax has read the stage's key ids too (after it).
 #pragma once
@@ -61,9 +60,8 @@ __device__ __forceinline__ void consume(const Params& p, const Smem& sm, const T
   const OnlineSoftmax<SN> smx = {sc, mx, sum, corr, p.scale_log2};
   const SoftCap<SN> cap = SoftCap<SN>::of(sc, p.scale_log2);
 
-  auto fence_async_smem = [&]() { if (PROXY_FENCE) fence_proxy_async(); };
-  auto turn_wait = [&]() { if (PINGPONG) named_sync(3 + wg, 256); };
-  auto turn_pass = [&]() { if (PINGPONG) named_arrive<256>(3 + (wg ^ 1)); };
+  auto turn_wait = [&]() { named_sync(3 + wg, 256); };
+  auto turn_pass = [&]() { named_arrive<256>(3 + (wg ^ 1)); };
   // the current work tile's Q slot (set per work tile)
   uint64_t q_desc = smem_desc(sm.q + wg * 64 * 128, 16, 1024);
   bool gedge = false;
@@ -128,110 +126,61 @@ __device__ __forceinline__ void consume(const Params& p, const Smem& sm, const T
     // waiting); its rows still get out = 0 and lse = -inf
     const int n_tiles = x.n_tiles;
     if (n_tiles > 0) {
-      if (PERSISTENT) {
-        const int qb = qn % Q_STAGES;
-        q_desc = smem_desc(sm.q + qb * QBYTES + wg * 64 * 128, 16, 1024);
-        mbar_wait(sm.q_full(qb), (qn / Q_STAGES) & 1);
-      } else {
-        const uint16_t* qb = p.q + ((size_t)x.b * p.Sq * p.H + x.h) * HEAD_DIM;
-        const size_t q_row = (size_t)p.H * HEAD_DIM;
-        for (int c = wt; c < 64 * CHUNKS; c += 128) {
-          const int r = 64 * wg + c / CHUNKS, j = c % CHUNKS, m = m0 + r;
-          const bool ok = m < p.Sq && (HEAD_DIM == HD || j * 8 < HEAD_DIM);
-          cp_async16(sm.q + swz(r, j, BM), qb + (ok ? m : 0) * q_row + j * 8, ok ? 16 : 0);
-        }
-        cp_async_wait_all();
-        fence_proxy_async();
-        named_sync(1 + wg, 128);
-      }
-      if (PINGPONG && wg == 1 && qn == 0) named_arrive<256>(3);
-      if (OVERLAP) {
-        // products of tile t issued with P V of tile t - 1; softmax of t runs under P V of t - 1
-        mbar_wait(sm.full_k(stage(0)), phase(0));
-        fence_async_smem();
+      const int qb = qn % Q_STAGES;
+      q_desc = smem_desc(sm.q + qb * QBYTES + wg * 64 * 128, 16, 1024);
+      mbar_wait(sm.q_full(qb), (qn / Q_STAGES) & 1);
+      if (wg == 1 && qn == 0) named_arrive<256>(3);
+      // products of tile t issued with P V of tile t - 1; softmax of t runs under P V of t - 1
+      mbar_wait(sm.full_k(stage(0)), phase(0));
+      turn_wait();
+      wgmma_fence();
+      qk(stage(0));
+      wgmma_commit();
+      turn_pass();
+      epilogue.release_stored_q();
+      grid_mask();
+      wgmma_wait<0>();
+      fence_regs<SN>(sc);
+      release_k(stage(0), false);
+      softmax(0, stage(0));
+      release_k(stage(0), true);
+      to_p();
+      for (int t = 1; t < n_tiles; ++t) {
+        const int s = stage(t), sp = stage(t - 1);
+        mbar_wait(sm.full_k(s), phase(t));
+        mbar_wait(sm.full_v(sp), phase(t - 1));
         turn_wait();
         wgmma_fence();
-        qk(stage(0));
+        qk(s);
+        wgmma_commit();
+        pv(sp);
         wgmma_commit();
         turn_pass();
-        epilogue.release_stored_q();
         grid_mask();
-        wgmma_wait<0>();
+        wgmma_wait<1>();
         fence_regs<SN>(sc);
-        release_k(stage(0), false);
-        softmax(0, stage(0));
-        release_k(stage(0), true);
-        to_p();
-        for (int t = 1; t < n_tiles; ++t) {
-          const int s = stage(t), sp = stage(t - 1);
-          mbar_wait(sm.full_k(s), phase(t));
-          mbar_wait(sm.full_v(sp), phase(t - 1));
-          fence_async_smem();
-          turn_wait();
-          wgmma_fence();
-          qk(s);
-          wgmma_commit();
-          pv(sp);
-          wgmma_commit();
-          turn_pass();
-          grid_mask();
-          wgmma_wait<1>();
-          fence_regs<SN>(sc);
-          release_k(s, false);
-          softmax(t, s);
-          release_k(s, true);
-          wgmma_wait<0>();
-          fence_regs<HD / 2>(o);
-          if (lane == 0) mbar_arrive(sm.empty_v(sp));
-          smx.rescale(o);
-          to_p();
-        }
-        // every product reading Q is complete: the producer may load the next work tile's (with
-        // O_TMA, once out is stored from the slot)
-        if (PERSISTENT && !O_TMA && lane == 0) mbar_arrive(sm.q_empty(qn % Q_STAGES));
-        const int sl = stage(n_tiles - 1);
-        mbar_wait(sm.full_v(sl), phase(n_tiles - 1));
-        fence_async_smem();
-        turn_wait();
-        wgmma_fence();
-        pv(sl);
-        wgmma_commit();
-        turn_pass();
+        release_k(s, false);
+        softmax(t, s);
+        release_k(s, true);
         wgmma_wait<0>();
         fence_regs<HD / 2>(o);
-        if (lane == 0) mbar_arrive(sm.empty_v(sl));
-      } else {
-        for (int t = 0; t < n_tiles; ++t) {
-          const int s = stage(t), parity = phase(t);
-          mbar_wait(sm.full_k(s), parity);
-          fence_async_smem();
-          turn_wait();
-          wgmma_fence();
-          qk(s);
-          wgmma_commit();
-          turn_pass();
-          if (t == 0) epilogue.release_stored_q();
-          grid_mask();
-          wgmma_wait<0>();
-          fence_regs<SN>(sc);
-          release_k(s, false);
-          softmax(t, s);
-          release_k(s, true);
-          smx.rescale(o);
-          to_p();
-          mbar_wait(sm.full_v(s), parity);
-          fence_async_smem();
-          turn_wait();
-          wgmma_fence();
-          pv(s);
-          wgmma_commit();
-          turn_pass();
-          wgmma_wait<0>();
-          fence_regs<HD / 2>(o);
-          if (lane == 0) mbar_arrive(sm.empty_v(s));
-        }
-        if (PERSISTENT && !O_TMA && lane == 0) mbar_arrive(sm.q_empty(qn % Q_STAGES));
+        if (lane == 0) mbar_arrive(sm.empty_v(sp));
+        smx.rescale(o);
+        to_p();
       }
+      // every product reading Q is complete: the producer may load the next work tile's (with
+      // O_TMA, once out is stored from the slot)
+      if (!O_TMA && lane == 0) mbar_arrive(sm.q_empty(qn % Q_STAGES));
+      const int sl = stage(n_tiles - 1);
+      mbar_wait(sm.full_v(sl), phase(n_tiles - 1));
+      turn_wait();
+      wgmma_fence();
+      pv(sl);
+      wgmma_commit();
+      turn_pass();
+      wgmma_wait<0>();
+      fence_regs<HD / 2>(o);
+      if (lane == 0) mbar_arrive(sm.empty_v(sl));
       ring += n_tiles;
       ++qn;
     }
@@ -267,7 +216,7 @@ __device__ __forceinline__ void consume(const Params& p, const Smem& sm, const T
     if (staged) epilogue.store_staged(x, qn);
   }
   epilogue.finish();
-  if (PINGPONG && wg == 0 && qn > 0) named_sync(3, 256);  // warpgroup 1's last pass
+  if (wg == 0 && qn > 0) named_sync(3, 256);  // warpgroup 1's last pass
 }
 
 }  // namespace fwd

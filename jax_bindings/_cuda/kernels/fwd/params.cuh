@@ -8,17 +8,14 @@
 namespace fwd {
 using namespace cfg;
 
-// SCHEDULE: how CTAs get work tiles
-enum : int { GRID_LAUNCH = 0, STRIDED = 1, QUEUE = 2 };
-// FEED: how K and V reach shared memory (NO_FEED copies nothing: a timing experiment)
-enum : int { CP_ASYNC = 0, TMA = 1, NO_FEED = 2 };
+// SCHEDULE: how CTAs get work tiles (one CTA per SM at most, each looping over its tiles)
+enum : int { STRIDED = 1, QUEUE = 2 };
 
 constexpr int SN = BN / 2;  // scores a consumer thread holds: half a row of two rows
-constexpr bool PERSISTENT = SCHEDULE != GRID_LAUNCH;  // one CTA per SM looping over work tiles, Q by TMA
 constexpr uint32_t TILE = BN * HD * 2, QBYTES = BM * HD * 2;
-// a tile row's 64-column blocks (128-byte swizzled rows each) and 16-byte chunks; HD is the head
-// dim HEAD_DIM padded to whole blocks (TMA fills the columns past HEAD_DIM with zeros)
-constexpr int COL_BLOCKS = HD / 64, CHUNKS = HD / 8;
+// a tile row's 64-column blocks (128-byte swizzled rows each); HD is the head dim HEAD_DIM padded
+// to whole blocks (TMA fills the columns past HEAD_DIM with zeros)
+constexpr int COL_BLOCKS = HD / 64;
 
 static_assert(HD % 64 == 0 && HEAD_DIM <= HD && HD - HEAD_DIM < 64 && HEAD_DIM % 16 == 0,
               "tiles are whole 64-column blocks of the head dim");
@@ -26,9 +23,9 @@ static_assert(!SHIFTED || RT >= LENGTHS, "run-time positions come in rt_lens");
 static_assert(!GRID || (QT0 * QT1 * QT2 == BM && KT0 * KT1 * KT2 == BN && KT2 % 8 == 0),
               "a query patch is a row block, a key tile BN keys with whole 8-column groups on the last axis");
 static_assert(BAR_BYTES >= 8 * (4 * STAGES + 8) + 8, "the mbarriers and tickets overflow their space");
-static_assert(Q_STAGES == 1 || (Q_STAGES == 2 && PERSISTENT), "two Q tiles need a persistent schedule");
-static_assert(!O_TMA || (PERSISTENT && FEED == TMA && !GRID),
-              "a TMA store of out needs a persistent band kernel fed by TMA");
+static_assert(SCHEDULE == STRIDED || SCHEDULE == QUEUE, "a schedule the tile scheduler knows");
+static_assert(Q_STAGES == 1 || Q_STAGES == 2, "one or two Q tiles");
+static_assert(!O_TMA || !GRID, "a TMA store of out needs a band kernel");
 
 struct Params {
   const uint16_t* q;
