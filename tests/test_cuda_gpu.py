@@ -136,11 +136,11 @@ def test_refusals_name_why(args, why):
         cb.attention_fwd(q, k, v, None, layout, 0.1)
 
 
-def test_the_soft_capped_and_the_narrow_windows_backward_are_refused():
-    layout = _band_layout(64, 64, None, 0)
+def test_the_narrow_windows_backward_and_wide_heads_backward_are_refused():
     q, k, v, do = _inputs(0, 64, 64, 2, 2, jnp.bfloat16)
-    with pytest.raises(NotImplementedError, match="soft-cap"):
-        cb.attention_bwd(q, k, v, None, q, None, do, layout, 0.1, soft_cap=30.0)
+    wide = _inputs(0, 64, 64, 2, 2, jnp.bfloat16, d=256)
+    with pytest.raises(NotImplementedError, match="head dims"):
+        cb.attention_bwd(*wide[:3], None, wide[0], None, wide[3], _band_layout(64, 64, None, 0), 0.1)
     with pytest.raises(NotImplementedError, match="narrower windows"):
         cb.attention_bwd(q, k, v, None, q, None, do, _band_layout(64, 64, 16, 0), 0.1)
 
