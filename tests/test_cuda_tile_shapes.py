@@ -71,7 +71,11 @@ def _planned(head_dim):
 
 @pytest.mark.parametrize("head_dim", [d for d in tile_shapes.HEAD_DIMS if d != 128])
 def test_planned_variants_compile_at_every_head_dim(cuda_compiler, head_dim):
+    """Every planned form at the narrowest and widest head dims; the capped window at the others
+    (their tiles differ in width only)."""
     for what, variant in _planned(head_dim).items():
+        if head_dim not in (64, 256) and what != "window-shifted-cap":
+            continue
         text = variant.named_source()[1]
         assert f"constexpr int HEAD_DIM = {head_dim};" in text, what
         assert f"constexpr int HD = {source.padded_head_dim(head_dim)};" in text, what
@@ -93,14 +97,16 @@ def test_backward_variants_compile_at_every_head_dim_it_takes(cuda_compiler, hea
     """The backward's producer spills some of its item state (``test_cuda_source``); the soft cap's
     derivative, held per element until dS, spills some more at 96 and 128 (a bounded 248-324 bytes
     with NVRTC 13)."""
-    for runtime in ("", "ids"):
-        for cap in (None, 30.0):
-            variant = plan.bwd_variant(masks.causal().to_acsr(1024), head_dim, "bfloat16", runtime, cap)
-            text = variant.named_source()[1]
-            assert f"constexpr int HEAD_DIM = {head_dim};" in text
-            assert variant.smem <= source.SMEM_LIMIT
-            image, log = cuda_compiler.compile(text, verbose=True)
-            assert image[:4] == b"\x7fELF" and "warning" not in log.lower(), log
-            limit = 192 if cap is None else 336
-            assert int(re.search(r"(\d+) bytes spill stores", log).group(1)) <= limit, log
-            assert int(re.search(r"Used (\d+) registers", log).group(1)) <= 168, log
+    # every runtime kind with and without the cap at 64; the capped ids walk (the most state) at
+    # the others
+    for runtime, cap in ((r, c) for r in ("", "ids") for c in (None, 30.0)
+                         if head_dim == 64 or (r, c) == ("ids", 30.0)):
+        variant = plan.bwd_variant(masks.causal().to_acsr(1024), head_dim, "bfloat16", runtime, cap)
+        text = variant.named_source()[1]
+        assert f"constexpr int HEAD_DIM = {head_dim};" in text
+        assert variant.smem <= source.SMEM_LIMIT
+        image, log = cuda_compiler.compile(text, verbose=True)
+        assert image[:4] == b"\x7fELF" and "warning" not in log.lower(), log
+        limit = 192 if cap is None else 336
+        assert int(re.search(r"(\d+) bytes spill stores", log).group(1)) <= limit, log
+        assert int(re.search(r"Used (\d+) registers", log).group(1)) <= 168, log
