@@ -47,7 +47,15 @@ from cuda_cases import CASES, GRID_CASES, RUNTIME_CASES, band_layout, other_key_
 from runtime_masks import build_arguments, runtime_dense  # noqa: E402
 
 from jax_bindings import _runtime  # noqa: E402
-from jax_bindings._cuda import bwd_passes, bwd_source, grid_tiles, plan, runtime_tables, source  # noqa: E402
+from jax_bindings._cuda import (  # noqa: E402
+    bwd_passes,
+    bwd_source,
+    grid_tiles,
+    plan,
+    runtime_tables,
+    source,
+    tile_shapes,
+)
 from splat import masks  # noqa: E402
 
 NP = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
@@ -185,8 +193,6 @@ def run_head_dim_cases() -> int:
     """The planned forward at every head dim besides 128 (5 CTAs), with and without the soft cap, on
     a few bands; the backward at those its head dims take, the cap's too; two runtime-mask cases
     (segment ids, lengths) at each; returns the launches."""
-    from jax_bindings._cuda import tile_shapes
-
     launched = 0
     cases = [c for c in CASES if c.name in HEAD_DIM_CASES] + [c for c in CASES if c.block > 1][:1]
     for d, case, cap in itertools.product([x for x in tile_shapes.HEAD_DIMS if x != 128], cases, (None, 5.0)):
@@ -289,8 +295,6 @@ def run_runtime_cases(head_dim: int = 128, names: tuple[str, ...] | None = None)
     """The runtime-mask variants, forward (the plan's schedule, and the queue on 5 CTAs) and
     backward (where it takes ``head_dim``), on the runtime cases (``names``; None: every one) in
     bfloat16; returns the launches."""
-    from jax_bindings._cuda import tile_shapes
-
     launched = 0
     for name, sq, skv, left, right, h, hk, b, make in RUNTIME_CASES:
         if names is not None and name not in names:
