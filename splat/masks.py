@@ -428,6 +428,12 @@ class FromFn(Mask):
         if not callable(self.fn):
             raise TypeError(f"from_fn needs a callable f(q_idx, kv_idx), got {type(self.fn).__name__}")
 
+    def __repr__(self):
+        # the function's name, not its address: reprs name masks in logs and results, and stay
+        # the same from one process to the next
+        name = getattr(self.fn, "__qualname__", type(self.fn).__name__)
+        return f"FromFn(fn={getattr(self.fn, '__module__', None) or '?'}.{name})"
+
     def __call__(self, q_idx, kv_idx):
         return np.asarray(self.fn(q_idx, kv_idx), dtype=bool)
 
