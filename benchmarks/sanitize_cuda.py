@@ -327,7 +327,7 @@ def run_runtime_cases(head_dim: int = 128, names: tuple[str, ...] | None = None)
             continue
         refs = grads_reference(q, k, v, do, mask, scale)
         planned = plan.bwd_variant(layout, head_dim, "bfloat16", kind)
-        arrays = runtime_tables.bwd_arrays(runtime)
+        arrays = runtime_tables.bwd_arrays(runtime, planned.block_n)
         for bv in (planned, *other_key_orders(planned, q.shape, k.shape)):
             got = launch_bwd(bv, q, k, v, out, lse, do, scale, arrays)
             launched += 1

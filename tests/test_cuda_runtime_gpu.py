@@ -53,7 +53,7 @@ def _run(layout, runtime, q, k, v, do, scale, variant=None):
     @jax.jit
     def fn(q, k, v, do, runtime):
         out, lse = cb.attention_fwd(q, k, v, runtime, layout, scale)
-        arrays = runtime_tables.bwd_arrays(runtime)
+        arrays = runtime_tables.bwd_arrays(runtime, variant.block_n)
         grads = cb.run_backward(name, image, variant.smem, maps, q, k, v, out, lse, do, scale, arrays,
                                 ordered=variant.ordered)
         return out, lse, grads

@@ -27,7 +27,7 @@ def _runtime_mask(ids, kv_ids=None):
 
 # jitted: one compile per shape rather than one per operation
 _fwd_arrays = jax.jit(runtime_tables.fwd_arrays, static_argnums=1)
-_bwd_arrays = jax.jit(runtime_tables.bwd_arrays)
+_bwd_arrays = jax.jit(runtime_tables.bwd_arrays, static_argnums=1)
 
 
 def _check_runs(ranges, seen, block):
@@ -66,7 +66,7 @@ def test_runs_hold_every_seen_key_and_id_free_runs_are_seen(rng, case):
     assert np.array_equal(np.asarray(qi), ids)
     assert ki.shape[1] % 176 == 0 and np.array_equal(np.asarray(ki)[:, :kv.shape[1]], kv)
     _check_runs(fwd, seen, source.BM)
-    _, qi, _, bwd, _leads = _bwd_arrays(rt)
+    _, qi, _, bwd, _leads = _bwd_arrays(rt, bwd_source.BN)
     assert qi.shape[1] % bwd_source.BM == 0 and np.array_equal(np.asarray(qi)[:, :ids.shape[1]], ids)
     assert bwd.shape == (ids.shape[0], -(-kv.shape[1] // bwd_source.BN), 4)
     _check_runs(bwd, seen.transpose(0, 2, 1), bwd_source.BN)
@@ -82,7 +82,7 @@ def test_runs_hold_every_seen_key_and_id_free_runs_are_seen(rng, case):
 def test_key_blocks_covering_a_query_block_are_consecutive(rng, case):
     ids, kv_ids = CASES[case](rng)
     rt = _runtime_mask(ids, kv_ids)
-    _, _, _, ranges, leads = _bwd_arrays(rt)
+    _, _, _, ranges, leads = _bwd_arrays(rt, bwd_source.BN)
     ranges, first, last = np.asarray(ranges), np.asarray(leads)[..., 0], np.asarray(leads)[..., 1]
     bm, nq = bwd_source.BM, bwd_source.num_q_blocks(ids.shape[1])
     assert last.shape == first.shape == (ids.shape[0], nq)
@@ -104,7 +104,7 @@ def test_lengths_only_passes_lengths():
     assert runtime_tables.kind(rt) == "lengths"
     (lens,) = runtime_tables.fwd_arrays(rt, 128)
     assert lens.tolist() == [[3, 0], [10, 5]]
-    assert [a.tolist() for a in runtime_tables.bwd_arrays(rt)] == [lens.tolist()]
+    assert [a.tolist() for a in runtime_tables.bwd_arrays(rt, bwd_source.BN)] == [lens.tolist()]
 
 
 def test_offsets_are_taken_by_the_forward_only():

@@ -68,7 +68,7 @@ def _bwd(layout, kind: str, ordered: bool, cut_id_test: bool = False):
 
     def fn(do, q, k, v, out, lse, runtime):
         maps = plan.bwd_tensor_maps(q.shape, k.shape)
-        rt = runtime_tables.bwd_arrays(runtime) if kind else ()
+        rt = runtime_tables.bwd_arrays(runtime, bwd_source.BN) if kind else ()
         return cb.run_backward(name, image, variant.smem, maps, q, k, v, out, lse, do, SCALE, rt,
                                ordered=variant.ordered)
 
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     row = {"B": B, "S": S, "documents": int(ids.max(1).sum() + B)}
     def tables(ids):  # the ids back, depending on every array (so that the chained calls run)
         rt = _runtime.build(B, S, S, segment_ids=ids)
-        arrays = (*runtime_tables.fwd_arrays(rt, source.BN), *runtime_tables.bwd_arrays(rt))
+        arrays = (*runtime_tables.fwd_arrays(rt, source.BN), *runtime_tables.bwd_arrays(rt, bwd_source.BN))
         total = sum(x.sum() for x in arrays)
         return jnp.minimum(ids, ids + (total >= -1))
 

@@ -41,12 +41,13 @@ Map, in the order to read it:
 * ``decode/``: the decode kernel: ``key_walk`` (an ACSR row at run-time positions), ``kv_rows``
   (contiguous and paged caches), ``warp_step`` (a warp's online softmax).
 
-To add a head dim: add it to ``tile_shapes.HEAD_DIMS`` (and ``BWD_HEAD_DIMS`` where the
-backward's accumulators fit) and give its padded width a key tile in ``tile_shapes.FWD_BLOCK_N``
-(time the candidates with ``benchmarks/bench_head_dims.py --tiles``); the kernels read
-``HEAD_DIM`` and ``HD`` (it padded to 64-column blocks) from the generated header. Then run the
-NVRTC compile tests (``tests/test_cuda_tile_shapes.py``), the GPU tests (``pytest -m gpu
-tests/test_cuda_head_dims_gpu.py``) and ``benchmarks/sanitize_cuda.py head_dims`` under
+To add a head dim: add it to ``tile_shapes.HEAD_DIMS`` (and ``BWD_HEAD_DIMS`` where the backward's
+accumulators fit: up to 128 columns a warpgroup holds all of an item's, past them the wide kernel
+splits them by whole 64-column blocks, ``bwd/params.cuh``) and give its padded width a key tile in
+``tile_shapes.FWD_BLOCK_N`` (time the candidates with ``benchmarks/bench_head_dims.py --tiles``);
+the kernels read ``HEAD_DIM`` and ``HD`` (it padded to 64-column blocks) from the generated header.
+Then run the NVRTC compile tests (``tests/test_cuda_tile_shapes.py``), the GPU tests (``pytest -m
+gpu tests/test_cuda_head_dims_gpu.py``) and ``benchmarks/sanitize_cuda.py head_dims`` under
 compute-sanitizer.
 
 To add a mask form (a :class:`acsr.BandForm` that :func:`acsr.band_form` recognises): state it

@@ -18,8 +18,9 @@ on other masks, the backward at an offset and the unfused ops. Runtime
 masks of lengths and segment ids are taken on plain bands (:mod:`jax_bindings._cuda.runtime_tables`). The
 backward (:mod:`jax_bindings._cuda.bwd_source`, through :func:`run_backward`) is offered on the
 bands :func:`~jax_bindings._cuda.plan.offered_bwd_variant` names (dense, causal, windows of
-640 rows and more with a key block); the backward of a narrower window's forward run here goes
-to the next backend (``out`` and ``lse`` mean the same from every backend). Grid layouts (N-D
+640 rows and more with a key block, 576 at head dim 256); the backward of a narrower window's
+forward run here goes to the next backend (``out`` and ``lse`` mean the same from every
+backend). Grid layouts (N-D
 neighborhoods, :mod:`acsr._grid`) run on the forward's spatial tiles
 (:mod:`jax_bindings._cuda.grid_tiles`); their backward goes to the next backend.
 
@@ -252,7 +253,7 @@ def attention_bwd(q, k, v, runtime, out, lse, dout, layout: ACSR, scale: float, 
         lse = phases.fold_rows(lse, d)
     name, image = plan.compiled(variant)
     maps = plan.bwd_tensor_maps(q.shape, k.shape)
-    rt_arrays = runtime_tables.bwd_arrays(runtime) if rt else ()
+    rt_arrays = runtime_tables.bwd_arrays(runtime, variant.block_n) if rt else ()
     dq, dk, dv = run_backward(name, image, variant.smem, maps, q, k, v, out, lse, dout, scale, rt_arrays,
                               ordered=variant.ordered, threads=variant.threads)
     return (phases.unfold(dq, d), phases.unfold(dk, d), phases.unfold(dv, d)) if d > 1 else (dq, dk, dv)

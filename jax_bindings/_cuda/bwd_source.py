@@ -7,9 +7,9 @@ order (``tile_scheduler.cuh``), their walks (``mask.cuh``), the producer, the co
 loop and the dQ writers (``dq_writer.cuh``, the ordered sum of dQ). :func:`program` is a
 variant's program with one generated header of its constants (``bwd_config.cuh``);
 :func:`bwd_source` the same as one text that compiles alone. A work item is ``BN = 128`` keys of
-one (batch, KV head): its walk is the query blocks of ``BM = 64`` rows that see any of them, for
-every query head of its GQA group. One CTA runs per SM (at most one per item) and takes items by
-ticket, until none is left.
+one (batch, KV head) (64 where the head dim runs wide: :func:`block_n`): its walk is the query
+blocks of ``BM = 64`` rows that see any of them, for every query head of its GQA group. One
+CTA runs per SM (at most one per item) and takes items by ticket, until none is left.
 
 dQ is a sum over key blocks: CTAs add their parts to ``dq_acc`` (fp32, each query block in the
 consumers' fragment order: :func:`dq_from_acc`; ``bwd_passes.dq_rows`` puts it back in rows).
@@ -33,8 +33,8 @@ unless it started late enough. First-first on the last section only keeps most o
 Mask: as the forward's, ``a(i) - left <= j <= a(i) + right``, ``0 <= j < Skv``, ``a(i) = i`` or
 its block's first row (``band_block``); a key block's walk is the rows whose ``a(i)`` is in
 ``[n0 - right, n0 + BN - 1 + left]``, which never moves back from one key block to the next.
-Inputs ``q, dout [B, Sq, H, D]``, ``k, v [B, Skv, Hkv, D]`` (bf16 or fp16; ``D`` padded to 128
-columns at most: 64, 96, 128; the tiles are :func:`source.padded_head_dim` wide),
+Inputs ``q, dout [B, Sq, H, D]``, ``k, v [B, Skv, Hkv, D]`` (bf16 or fp16; ``D`` padded to 64,
+128 or 256 columns: 64, 96, 128, 256; the tiles are :func:`source.padded_head_dim` wide),
 ``lse2 [B, H, Sq_pad]`` (the forward's lse times log2(e); ``+inf`` on a row with no key and on
 the padding to ``Sq_pad``, a multiple of 64), ``delta [B, H, Sq_pad]`` (rowsum(dout * out), 0 on
 the padding). Outputs ``dk``, ``dv`` like k, v (dk times ``scale``), ``dq_acc`` fp32
@@ -55,11 +55,24 @@ from __future__ import annotations
 
 from jax_bindings._cuda import parts, source
 
-BM, BN, D = 64, 128, source.D
+BM, D = 64, source.D
+BN = 128  # keys an item up to 128 tile columns; past them, WIDE_BN
+WIDE_BN = 64
 THREADS = source.THREADS
 KERNEL_NAME = "splat_bwd_wgmma"
 SLOT_BYTES = 512  # K, V, Q and dO tensor maps of a CTA
 STAT_BYTES = 2 * BM * 4  # one step's lse and delta
+
+
+def is_wide(head_dim: int) -> bool:
+    """Whether the kernel runs ``head_dim`` wide (``kernels/bwd/params.cuh``): past 128 tile
+    columns, both consumer warpgroups share an item's keys and split its dK and dV by columns."""
+    return source.padded_head_dim(head_dim) > 128
+
+
+def block_n(head_dim: int = D) -> int:
+    """Keys an item: 64 a consumer warpgroup, or 64 shared where the kernel runs wide."""
+    return WIDE_BN if is_wide(head_dim) else BN
 
 
 def dq_tile_bytes(head_dim: int = D) -> int:
@@ -67,14 +80,17 @@ def dq_tile_bytes(head_dim: int = D) -> int:
     return BM * source.padded_head_dim(head_dim) * 4
 
 
-def smem_bytes(stages: int, head_dim: int = D) -> int:
-    """K and V, ``stages`` Q/dO buffers with their lse/delta, two dS^T buffers, two dQ buffers, the
-    mbarriers and the ticket (padded to 128), four tensor-map staging buffers, 1 KiB for alignment;
-    tiles :func:`source.padded_head_dim` columns wide."""
-    hd = source.padded_head_dim(head_dim)
-    kv, qdo, ds = 2 * BN * hd * 2, 2 * BM * hd * 2, BN * BM * 2
-    bars = -(-(8 * (5 + 2 * stages) + 16) // 128) * 128
-    return kv + stages * (qdo + STAT_BYTES) + 2 * ds + 2 * dq_tile_bytes(head_dim) + bars + 4 * 128 + 1024
+def smem_bytes(stages: int, head_dim: int = D, dq_buffers: int = 2) -> int:
+    """K and V, ``stages`` Q/dO buffers with their lse/delta, two dS^T buffers (and two P^T buffers
+    where the kernel runs wide), ``dq_buffers`` dQ buffers, the mbarriers and the ticket (padded to
+    128), four tensor-map staging buffers, 1 KiB for alignment; tiles
+    :func:`source.padded_head_dim` columns wide."""
+    hd, bn = source.padded_head_dim(head_dim), block_n(head_dim)
+    kv, qdo, ds = 2 * bn * hd * 2, 2 * BM * hd * 2, bn * BM * 2
+    bars = -(-(8 * (10 + 2 * stages) + 16) // 128) * 128
+    ds_p = (4 if is_wide(head_dim) else 2) * ds
+    dq = dq_buffers * dq_tile_bytes(head_dim)
+    return kv + stages * (qdo + STAT_BYTES) + ds_p + dq + bars + 4 * 128 + 1024
 
 
 def num_q_blocks(sq: int) -> int:
@@ -135,7 +151,7 @@ KEY_ORDERS = ("last_first", "first_first_at_end", "first_first")
 def program(left: int | None, right: int | None, *, stages: int = 2, dtype: str = "bfloat16",
             ordered: bool = True, runtime: str = "", section_bytes: int = 0,
             key_order: str = "last_first", band_block: int = 1, head_dim: int = D,
-            soft_cap: float | None = None) -> parts.Program:
+            soft_cap: float | None = None, dq_buffers: int = 2) -> parts.Program:
     """The backward kernel's program (``kernels/bwd/bwd.cu``, its parts and a generated header of
     its constants) for the mask ``a(i) - left <= j <= a(i) + right`` (``None``: unbounded),
     ``a(i) = i - i % band_block`` (as in :func:`source.source`).
@@ -149,21 +165,30 @@ def program(left: int | None, right: int | None, *, stages: int = 2, dtype: str 
     bytes of their Q and dO hold at the call's ``Sq`` (at least one; 0: one), a key block of
     each in turn. ``key_order`` (:data:`KEY_ORDERS`): the order of a head's key blocks in the
     tickets and in each query block's dQ sum (module docstring). ``head_dim`` and ``soft_cap``: as
-    the forward's (:func:`source.program`); the cap's derivative ``1 - tanh^2`` scales dS.
+    the forward's (:func:`source.program`); the cap's derivative ``1 - tanh^2`` scales dS; past
+    128 tile columns the kernel runs wide (:func:`is_wide`, items of :func:`block_n` keys).
+    ``dq_buffers``: shared-memory buffers a step's dQ leaves through (1 or 2; one where two do not
+    fit).
     """
     source.check_arguments(left, right, stages, dtype, band_block)
     source.check_head_dim(head_dim)
     source.check_soft_cap(soft_cap)
     hd = source.padded_head_dim(head_dim)
-    if hd > 128:
-        raise ValueError(f"head_dim must pad to 128 columns or fewer in the backward, got {head_dim}")
+    if is_wide(head_dim) and hd % 128:
+        raise ValueError(f"head_dim must pad to 64, 128 or 256 columns in the backward, got {head_dim}")
+    if dq_buffers not in (1, 2):
+        raise ValueError(f"dq_buffers must be 1 or 2, got {dq_buffers}")
+    if smem_bytes(stages, head_dim, dq_buffers) > source.SMEM_LIMIT:
+        raise ValueError(f"stages={stages} and dq_buffers={dq_buffers} need "
+                         f"{smem_bytes(stages, head_dim, dq_buffers)} bytes of shared memory at head_dim "
+                         f"{head_dim}, over the {source.SMEM_LIMIT} a CTA may have")
     source.check_section_bytes(section_bytes)
     if key_order not in KEY_ORDERS:
         raise ValueError(f"key_order must be one of {KEY_ORDERS}, got {key_order!r}")
     rt_params, rt_locals = source.runtime_signature(runtime, BWD_RUNTIME_ARRAYS)
     constants = {
-        "BM": BM, "BN": BN, "HD": hd, "HEAD_DIM": head_dim, "SOFT_CAP": float(soft_cap or 0.0),
-        "STAGES": stages,
+        "BM": BM, "BN": block_n(head_dim), "HD": hd, "HEAD_DIM": head_dim, "SOFT_CAP": float(soft_cap or 0.0),
+        "STAGES": stages, "DQ_BUFS": dq_buffers,
         "LEFT": source.bound(left), "RIGHT": source.bound(right),
         "BAND_BLOCK": band_block, "UNBOUNDED": source.UNBOUNDED, "ORDERED": ordered,
         "FIRST_FIRST": KEY_ORDERS.index(key_order), "RT": source.RUNTIMES[runtime],
@@ -171,8 +196,14 @@ def program(left: int | None, right: int | None, *, stages: int = 2, dtype: str 
         "CONSUMER_WARPS": source.CONSUMER_WARPS, "CONSUMER_REGS": source.CONSUMER_REGS,
         "PRODUCER_REGS": source.PRODUCER_REGS, "SLOT_BYTES": SLOT_BYTES,
     }
-    wgmma = (source.wgmma_ss(64, dtype=dtype) + source.wgmma_ss(hd // 2, transposed=True, dtype=dtype)
-             + source.wgmma_rs(hd, dtype=dtype))
+    # params.cuh: wide, S^T and dP^T over half the step's queries and dK and dV over half the
+    # columns, from shared memory; narrow, over all of them, P^T and dS^T from registers (the
+    # other form's products are named in the kernel's untaken branch, so both are defined)
+    wide = is_wide(head_dim)
+    kv_n = hd // 2 if wide else hd
+    wgmma = (source.wgmma_ss(BM // 2 if wide else BM, dtype=dtype)
+             + source.wgmma_ss(hd // 2, transposed=True, dtype=dtype)
+             + source.wgmma_rs(kv_n, dtype=dtype) + source.wgmma_ss(kv_n, dtype=dtype, layout="b_mn"))
     header = parts.constants_header(
         "cfg", constants, types={"Elem": source.ELEMENT_TYPES[dtype]},
         includes=("common/types.cuh", "common/wgmma.cuh"),

@@ -144,13 +144,15 @@ class BwdVariant:
     band_block: int = 1
     head_dim: int = source.D
     soft_cap: float | None = None
+    dq_buffers: int = 2
 
     def program(self) -> parts.Program:
         """The kernel's program (:func:`bwd_source.program`)."""
         return bwd_source.program(
             self.band.left, self.band.right, stages=self.stages, dtype=self.dtype, ordered=self.ordered,
             runtime=self.runtime, section_bytes=self.section_bytes, key_order=self.key_order,
-            band_block=self.band_block, head_dim=self.head_dim, soft_cap=self.soft_cap)
+            band_block=self.band_block, head_dim=self.head_dim, soft_cap=self.soft_cap,
+            dq_buffers=self.dq_buffers)
 
     def named_source(self) -> tuple[str, str]:
         """``(kernel name, CUDA C++)``: the program as one text (:meth:`parts.Program.flat`)."""
@@ -159,7 +161,11 @@ class BwdVariant:
 
     @property
     def smem(self) -> int:
-        return bwd_source.smem_bytes(self.stages, self.head_dim)
+        return bwd_source.smem_bytes(self.stages, self.head_dim, self.dq_buffers)
+
+    @property
+    def block_n(self) -> int:
+        return bwd_source.block_n(self.head_dim)
 
     @property
     def threads(self) -> int:
@@ -209,16 +215,18 @@ def key_order(band: acsr.Band) -> str:
 def bwd_variant(layout: ACSR, head_dim: int, dtype: str, runtime: str = "",
                 soft_cap: float | None = None) -> BwdVariant:
     """The backward kernel for this call, or NotImplementedError saying why none is generated."""
-    tile_shapes.bwd_tile(head_dim, dtype)
+    tile = tile_shapes.bwd_tile(head_dim, dtype)
     form = band_form(layout, head_dim, dtype, runtime)
-    return BwdVariant(form.band, dtype, runtime=runtime, section_bytes=BWD_SECTION_BYTES,
+    return BwdVariant(form.band, dtype, stages=tile.stages, runtime=runtime, section_bytes=BWD_SECTION_BYTES,
                       key_order=key_order(form.band), band_block=form.block, head_dim=head_dim,
-                      soft_cap=soft_cap)
+                      soft_cap=soft_cap, dq_buffers=tile.dq_buffers)
 
 
-# Query rows a key block's walk covers (``left + right + BN``) from which the backend offers
-# its backward: a key block's walk of 10 query blocks or more (see offered_bwd_variant).
+# Query rows a key block's walk covers (``left + right + block_n``) from which the backend offers
+# its backward: a walk of 10 query blocks or more (see offered_bwd_variant), 9 where the head
+# dim runs wide (its items of 64 keys).
 MIN_BWD_BAND_ROWS = 640
+MIN_WIDE_BWD_BAND_ROWS = 576
 
 
 def offered_bwd_variant(layout: ACSR, head_dim: int, dtype: str, runtime: str = "",
@@ -230,17 +238,21 @@ def offered_bwd_variant(layout: ACSR, head_dim: int, dtype: str, runtime: str = 
     and causal windows of ~500 and more). On H100 it is 1.42-1.52x the Triton backward on dense
     and causal, 1.24x on a causal window of 1024 (18 steps) and 1.02-1.04x on a sliding window
     (256, 256) (11 steps) at S = 8192 and 16384; narrower windows, not measured, go to the next
-    backend.
+    backend. Where the head dim runs wide (:func:`bwd_source.is_wide`, 64-key items), from 9
+    query blocks (:data:`MIN_WIDE_BWD_BAND_ROWS`): the sliding window (256, 256) at D = 256,
+    forward+backward 1.51x the Triton route at S = 8192 on H100 (232 against 154 useful TFLOP/s,
+    session 29's run for the latter); narrower, not measured.
     """
     variant = bwd_variant(layout, head_dim, dtype, runtime, soft_cap)
     band = variant.band
     if band.left is not None and band.right is not None:
-        rows = band.left + band.right + variant.band_block - 1 + bwd_source.BN
-        if rows < MIN_BWD_BAND_ROWS:
+        rows = band.left + band.right + variant.band_block - 1 + variant.block_n
+        least = MIN_WIDE_BWD_BAND_ROWS if bwd_source.is_wide(head_dim) else MIN_BWD_BAND_ROWS
+        if rows < least:
             raise NotImplementedError(
-                f"the cuda backward is offered on bands of {MIN_BWD_BAND_ROWS} rows or more with a key "
-                f"block (this one: {rows}); narrower windows were not measured faster than the Triton "
-                "backward on H100")
+                f"the cuda backward is offered on bands of {least} rows or more with a key "
+                f"block (this one: {rows}) at head dim {head_dim}; narrower windows were not measured "
+                "faster than the Triton backward on H100")
     return variant
 
 
@@ -370,13 +382,14 @@ def grid_tensor_maps(tiles: grid_tiles.GridTiles, q_shape, k_shape, v_shape) -> 
 
 def bwd_grid(k_shape: tuple[int, ...], sm_count: int) -> tuple[int, int, int]:
     """CTAs of the backward over ``k [B, Skv, Hkv, D]``: one per SM (``sm_count``), up to the
-    number of work items (key blocks of a batch and KV head), which they take by ticket."""
-    B, Skv, Hkv, _ = k_shape
-    return min(sm_count, -(-Skv // bwd_source.BN) * Hkv * B), 1, 1
+    number of work items (key blocks of a batch and KV head: :func:`bwd_source.block_n` keys at the
+    head dim), which they take by ticket."""
+    B, Skv, Hkv, D = k_shape
+    return min(sm_count, -(-Skv // bwd_source.block_n(D)) * Hkv * B), 1, 1
 
 
 def bwd_tensor_maps(q_shape, k_shape) -> bytes:
     """The K, V, Q and dO tensor-map templates of the backward, 128 bytes each."""
-    kv = tensor_map.bshd_template(tuple(k_shape), bwd_source.BN)
+    kv = tensor_map.bshd_template(tuple(k_shape), bwd_source.block_n(k_shape[-1]))
     qdo = tensor_map.bshd_template(tuple(q_shape), bwd_source.BM)
     return kv + kv + qdo + qdo

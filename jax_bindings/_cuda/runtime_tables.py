@@ -20,7 +20,7 @@ rt_kv_ids      ``[B, Skv]``    segment id of each key (forward: padded to whole 
 rt_ranges      ``[B, n, 4]``   forward: per row block of ``source.BM`` rows, keys ``[x, y)``
                                that a row of it may see and keys ``[z, w)`` that every row sees
                                (as far as ids go; tiles inside skip the id test). Backward: per
-                               key block of ``bwd_source.BN`` keys, the same in query rows
+                               key block of ``block_n`` keys, the same in query rows
 rt_leads       ``[B, nq, 2]``  backward: per query block of ``bwd_source.BM`` rows, the first
                                and the last key block whose ``rt_ranges`` walk covers it (-1:
                                none): the one that adds to its dQ first, in either key order
@@ -143,12 +143,13 @@ def lead_key_blocks(ranges: jax.Array, sq: int) -> jax.Array:
                       jnp.where((last >= 0) & reaches, last, -1)], axis=-1).astype(_I32)
 
 
-def bwd_arrays(runtime: RuntimeMask) -> tuple[jax.Array, ...]:
-    """The backward kernel's runtime arrays (:data:`bwd_source.BWD_RUNTIME_ARRAYS` for its kind)."""
+def bwd_arrays(runtime: RuntimeMask, block_n: int) -> tuple[jax.Array, ...]:
+    """The backward kernel's runtime arrays (:data:`bwd_source.BWD_RUNTIME_ARRAYS` for its kind), for
+    its items of ``block_n`` keys (:func:`bwd_source.block_n`)."""
     r = runtime
     if kind(r) == "lengths":
         return (lens(r),)
     q_ids, kv_ids = r.q_ids.astype(_I32), r.kv_ids.astype(_I32)
-    ranges = _ranges(r.exact, kv_ids, q_ids, bwd_source.BN)
+    ranges = _ranges(r.exact, kv_ids, q_ids, block_n)
     leads = lead_key_blocks(ranges, q_ids.shape[1])
     return lens(r), _padded(q_ids, bwd_source.BM), kv_ids, ranges, leads

@@ -111,14 +111,19 @@ def map_stage_bytes(o_store: str) -> int:
     return 128 * (4 if o_store == "tma" else 3)
 
 
-def wgmma_ss(n: int, transposed: bool = False, dtype: str = "bfloat16") -> str:
+# wgmma_ss's operand layouts: the specialisation's name and its PTX transpose flags of A and B
+SS_LAYOUTS = {"k": ("wgmma_ss", "0, 0"), "mn": ("wgmma_ss_t", "1, 1"), "b_mn": ("wgmma_ss_bmn", "0, 1")}
+
+
+def wgmma_ss(n: int, transposed: bool = False, dtype: str = "bfloat16", layout: str | None = None) -> str:
     """``wgmma`` m64n{n}k16 on ``dtype``, A and B from shared memory, fp32 accumulators ``d``: both
-    K-major (``wgmma_ss<E, n>``), or, ``transposed``, both MN-major (``wgmma_ss_t<E, n>``), as a
-    specialisation of ``kernels/common/wgmma.cuh``'s declaration."""
+    K-major (``wgmma_ss<E, n>``), or, ``transposed``, both MN-major (``wgmma_ss_t<E, n>``), or
+    ``layout="b_mn"``, A K-major and B MN-major (``wgmma_ss_bmn<E, n>``), as a specialisation of
+    ``kernels/common/wgmma.cuh``'s declaration."""
     regs = n // 2
     outs = ", ".join(f"%{i}" for i in range(regs))
     operands = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
-    name, tr = ("wgmma_ss_t", "1, 1") if transposed else ("wgmma_ss", "0, 0")
+    name, tr = SS_LAYOUTS[layout or ("mn" if transposed else "k")]
     elem, tag = ELEMENTS[dtype], ELEMENT_TYPES[dtype]
     return f"""
 template <>

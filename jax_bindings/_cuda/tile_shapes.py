@@ -12,8 +12,11 @@ the sanitizer read it. A tile is bounded by two budgets:
 * **shared memory**: a Q tile and ``stages`` K and V tiles (:func:`source.smem_bytes`) within the
   227 KiB a CTA may opt into on sm_90 (:data:`source.SMEM_LIMIT`).
 
-The backward holds ``dK`` and ``dV`` accumulators of 64 keys x ``HD`` per thread group
-(``HD`` values a thread): it takes head dims up to 128 (padded); beyond, the next backend runs it.
+The backward holds ``dK`` and ``dV`` accumulators of 64 keys x ``HD`` per warpgroup (``HD``
+values a thread) up to 128 columns; at 256 it runs wide (:func:`bwd_source.is_wide`: 64 keys
+shared by both warpgroups, each holding half the columns), where shared memory holds one Q/dO
+buffer and one dQ buffer (:func:`bwd_tile`). 192 would split its columns inside a 64-column block,
+which the wide kernel's MN-major operands do not take: the next backend runs its backward.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from jax_bindings._cuda import bwd_source, source
 # Head dims the generated kernels take (q, k, v and out alike). 96 runs on tiles of 128 columns
 # whose last 32 are zeros (TMA fills them): a quarter of its products are wasted.
 HEAD_DIMS = (64, 96, 128, 192, 256)
-BWD_HEAD_DIMS = (64, 96, 128)
+BWD_HEAD_DIMS = (64, 96, 128, 256)
+BWD_STAGES = 2
 DTYPES = tuple(source.ELEMENTS)
 
 # Per padded head dim: the forward's key tile on bands (walks of a few tiles, where a narrower
@@ -83,7 +87,27 @@ def fwd_tile(head_dim: int, dtype: str, rows: str = "band", runtime: str = "") -
     return FwdTile(head_dim, FWD_BLOCK_N[source.padded_head_dim(head_dim)][rows])
 
 
-def bwd_tile(head_dim: int, dtype: str) -> tuple[int, int]:
-    """``(BM, BN)`` of the backward for ``head_dim`` and ``dtype``: query rows a step, keys an item."""
+@dataclass(frozen=True)
+class BwdTile:
+    """A backward tile: ``block_m`` query rows a step, ``block_n`` keys an item, ``stages`` Q/dO
+    buffers and ``dq_buffers`` dQ buffers in shared memory."""
+
+    head_dim: int
+    block_m: int
+    block_n: int
+    stages: int
+    dq_buffers: int
+
+    def smem(self) -> int:
+        return bwd_source.smem_bytes(self.stages, self.head_dim, self.dq_buffers)
+
+
+def bwd_tile(head_dim: int, dtype: str) -> BwdTile:
+    """The backward's tile for ``head_dim`` and ``dtype``: two Q/dO buffers and two dQ buffers
+    where they fit, else one of each."""
     check_call(head_dim, dtype, BWD_HEAD_DIMS)
-    return bwd_source.BM, bwd_source.BN
+    for stages, dq_buffers in ((BWD_STAGES, 2), (1, 1)):
+        tile = BwdTile(head_dim, bwd_source.BM, bwd_source.block_n(head_dim), stages, dq_buffers)
+        if tile.smem() <= source.SMEM_LIMIT:
+            return tile
+    raise AssertionError(f"no backward tile fits head_dim {head_dim}")  # BWD_HEAD_DIMS all fit

@@ -1,17 +1,17 @@
 // Attention backward for Hopper (sm_90a): the gradients of fwd.cu's forward, one kernel per mask
 // form.
 //
-// A work item is BN = 128 keys of one (batch, KV head) (tile_scheduler.cuh: taken by ticket, one
-// CTA per SM); its walk is the query blocks of BM = 64 rows that see any of them (mask.cuh), for
-// every query head of its GQA group. Warps 0-7 are two consumer warpgroups (mainloop.cuh, with the
+// A work item is BN = 128 keys of one (batch, KV head) (64 where the head dim runs wide:
+// params.cuh) (tile_scheduler.cuh: taken by ticket, one CTA per SM); its walk is the query blocks
+// of BM = 64 rows that see any of them (mask.cuh), for every query head of its GQA group. Warps 0-7 are two consumer warpgroups (mainloop.cuh, with the
 // epilogue of epilogue.cuh); warp 8 is the producer (producer.cuh): K and V once per item, Q, dO,
-// lse2 and delta per step into a ring of STAGES buffers; warps 9 and 10 write dQ (dq_writer.cuh).
+// lse2 and delta per step into a ring of STAGES buffers; warps 9 (and 10) write dQ (dq_writer.cuh).
 //
 // Glossary (constants from the generated "bwd_config.cuh", namespace cfg; Elem: Bf16 or Fp16):
 //   BM, BN         query rows of a step, keys of an item
 //   HEAD_DIM, HD   the head dim, and the tiles' columns: it padded to whole 64-column blocks
 //   SOFT_CAP       c in c tanh(s scale / c) (0: none); dS is scaled by its derivative
-//   STAGES         Q/dO buffers in flight
+//   STAGES         Q/dO buffers in flight; DQ_BUFS: dQ buffers (dq_writer.cuh)
 //   LEFT, RIGHT, BAND_BLOCK, UNBOUNDED   the band (common/band.cuh); RT: the runtime mask
 //   ORDERED        dQ added in a fixed order: bit-identical reruns (dq_writer.cuh)
 //   FIRST_FIRST, SECTION_BYTES   the key order and the heads' sections (tile_scheduler.cuh)
@@ -61,7 +61,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) SPLAT_KERNEL_NAME(
       mbar_init(sm.dq_full(buf), CONSUMER_WARPS);
       mbar_init(sm.dq_empty(buf), 1);
       mbar_init(sm.item_full(buf), 1);
-      mbar_init(sm.item_empty(buf), CONSUMER_WARPS + 2);  // consumer warps and the two dQ writers
+      mbar_init(sm.item_empty(buf), CONSUMER_WARPS + DQ_BUFS);  // consumer warps and the dQ writers
     }
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(sm.full(s), 1);
@@ -74,7 +74,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) SPLAT_KERNEL_NAME(
 
   if (warp >= CONSUMER_WARPS) {
     regs_dealloc<PRODUCER_REGS>();
-    if (warp > CONSUMER_WARPS + 2) return;
+    if (warp > CONSUMER_WARPS + DQ_BUFS) return;
     if (warp > CONSUMER_WARPS) {
       write_dq(p, sm, items, cta);
       return;

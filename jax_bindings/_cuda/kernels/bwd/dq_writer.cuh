@@ -1,8 +1,9 @@
-// The backward's dQ writers (lane 0 of warps CONSUMER_WARPS + 1 and + 2). dQ is a sum over key
-// blocks, so CTAs add their part to an fp32 buffer in global memory: the consumers leave each step's
-// dQ in one of two shared-memory buffers (in fragment order), and the writer of that buffer adds
-// the block's 32 KiB with one bulk reduction while they go on; warp CONSUMER_WARPS + 1 takes the
-// even steps (buffer 0), + 2 the odd ones (steps counted over the CTA's items).
+// The backward's dQ writers (lane 0 of warps CONSUMER_WARPS + 1 .. + DQ_BUFS). dQ is a sum over
+// key blocks, so CTAs add their part to an fp32 buffer in global memory: the consumers leave each
+// step's dQ in one of DQ_BUFS shared-memory buffers (in fragment order; one where the head dim
+// leaves no room for two), and the writer of that buffer adds the block with one bulk reduction
+// while they go on; writer b takes the steps g with g % DQ_BUFS = b (steps counted over the CTA's
+// items).
 //
 // With ORDERED the additions to one query block come in a fixed order, the key order, each waiting
 // on a per-block counter (in sem) for its turn: the result is bit-identical from run to run. The
@@ -36,6 +37,7 @@ __device__ __forceinline__ void write_dq(const Params& p, const Smem& sm, const 
                                          const Cta& cta) {
   const int warp = cta.warp, lane = cta.lane;
   const int buf = warp - CONSUMER_WARPS - 1;
+  static_assert(DQ_BUFS <= 2, "two writer warps");
   const int G = items.G, nq = items.nq, nkv = items.nkv;
   int g0 = 0;  // the CTA's steps before this item
   for (int n = 0;; ++n) {
@@ -44,14 +46,14 @@ __device__ __forceinline__ void write_dq(const Params& p, const Smem& sm, const 
     const Item w = items.item_of(ticket, p);
     if (lane == 0) {
       // step t of the item: query head hk G + hh, query block i_lo + ii
-      int t = (g0 + buf) & 1, hh = 0, ii = t;
+      int t = dq_buf(g0 + buf), hh = 0, ii = t;
       if (ii >= w.n_i) ii = 0, hh = 1;
-      for (; t < w.n_steps; t += 2) {
+      for (; t < w.n_steps; t += DQ_BUFS) {
         const int g = g0 + t, i = items.block_of(w, ii), m0 = i * BM, blk = (w.b * p.H + w.hk * G + hh) * nq + i;
         int* turn = p.sem + 1 + blk;
-        ii += 2;
+        ii += DQ_BUFS;
         while (ii >= w.n_i) ii -= w.n_i, ++hh;
-        mbar_wait(sm.dq_full(buf), (g >> 1) & 1);
+        mbar_wait(sm.dq_full(buf), dq_round(g) & 1);
         bool first = false;  // ordered: the first part of the block's sum is stored, not added
         if (ORDERED) {
           const int lead = lead_block(w, i, m0, nkv, nq, p);

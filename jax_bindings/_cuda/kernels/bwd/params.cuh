@@ -15,6 +15,19 @@ constexpr uint32_t DQTILE = BM * HD * 4;  // one step's dQ, fp32
 constexpr int COL_BLOCKS = HD / 64, DQ_N = HD / 2;
 static_assert(HD % 64 == 0 && HEAD_DIM <= HD && HD - HEAD_DIM < 64 && HEAD_DIM % 16 == 0,
               "tiles are whole 64-column blocks of the head dim");
+// How the two consumer warpgroups share a step. Up to 128 columns (narrow), each owns 64 of the
+// item's BN = 128 keys: its S^T and dP^T cover all BM queries, and its dK and dV accumulators all
+// HD columns (HD values a thread). Wider, those accumulators would not fit in registers: both
+// warpgroups take the same BN = 64 keys, each computing S^T and dP^T for half the step's queries
+// (QN) and dK and dV for half the columns (KV_N), so P^T goes through shared memory as dS^T does.
+constexpr bool WIDE = HD > 128;
+constexpr int KEYS_WG = 64, QN = WIDE ? BM / 2 : BM, KV_N = WIDE ? HD / 2 : HD;
+static_assert(BN == (WIDE ? KEYS_WG : 2 * KEYS_WG), "an item is 64 keys a warpgroup, or 64 shared");
+static_assert(!WIDE || KV_N % 64 == 0, "wide: each warpgroup's columns are whole 64-column blocks");
+static_assert(DQ_BUFS == 1 || DQ_BUFS == 2, "dQ leaves through one or two buffers");
+// step g's dQ buffer, and how many times the buffers were used before it
+__device__ __forceinline__ int dq_buf(int g) { return g & (DQ_BUFS - 1); }
+__device__ __forceinline__ int dq_round(int g) { return g >> (DQ_BUFS - 1); }
 
 struct Params {
   const uint16_t* q;

@@ -6,6 +6,7 @@
 // specialisations generated with the kernel's constants (an asm operand list per N):
 //   wgmma_ss<E, N>(d, a, b, accumulate)    A and B from shared memory, both K-major
 //   wgmma_ss_t<E, N>(d, a, b, accumulate)  A and B from shared memory, both MN-major
+//   wgmma_ss_bmn<E, N>(d, a, b, accumulate)  A and B from shared memory, A K-major, B MN-major
 //   wgmma_rs<E, N>(d, a, b)                A from registers (4 a thread), B MN-major
 // d: the N / 2 fp32 accumulators of the thread; a, b: matrix descriptors (smem_desc); accumulate
 // 0 overwrites d.
@@ -16,6 +17,8 @@ template <typename E, int N>
 __device__ __forceinline__ void wgmma_ss(float* d, uint64_t a, uint64_t b, int accumulate);
 template <typename E, int N>
 __device__ __forceinline__ void wgmma_ss_t(float* d, uint64_t a, uint64_t b, int accumulate);
+template <typename E, int N>
+__device__ __forceinline__ void wgmma_ss_bmn(float* d, uint64_t a, uint64_t b, int accumulate);
 template <typename E, int N>
 __device__ __forceinline__ void wgmma_rs(float* d, const uint32_t* a, uint64_t b);
 
