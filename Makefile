@@ -38,8 +38,12 @@ demo: $(STAMP)
 	$(VENV)/bin/splat analyze "sliding_window(256, 256) | global_tokens(4)" --q-len 2048 \
 		--plot $(OUT)/demo-mask.png
 
+# The suite runs in one process per core, up to 4 (pytest-xdist), each test file in one process:
+# files share their fixtures and subprocesses (the sequence-parallel cases' device counts).
+TEST_WORKERS ?= -n auto --maxprocesses 4 --dist loadfile
+
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # The model libraries are installed here, not by `make venv`: resolved together with the test
 # extras from scratch, pip backtracks for many minutes through their google-cloud dependencies.
