@@ -33,7 +33,6 @@ import pytest
 
 from jax_bindings import _registry
 
-
 # Under pytest-xdist (``make test``) several processes share the machine, and a GPU: none takes
 # most of its memory up front, as XLA otherwise does at its first use.
 if os.environ.get("PYTEST_XDIST_WORKER"):

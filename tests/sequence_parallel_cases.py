@@ -59,6 +59,7 @@ CASES = {
     "neighborhood_causal_rows": Case(4, 128, "neighborhood((16, 8), (3, 5), is_causal=(True, False))"),
     "prefix_lm": Case(4, 128, "fn:lambda i, j: (j <= i) | (j < 40)", mode="ring"),
     "mesh_2d_window": Case(4, 64, "sliding_window(9, 3)", mesh_2d=True, batch=4),
+    "docs_4": Case(4, 160, "causal()", docs=30, soft_cap=3.0, mode="ring"),
     # 8 devices
     "causal_zigzag_8": Case(8, 128, "causal()", order="zigzag", lengths=True, mode="ring"),
     "window_8": Case(8, 128, "sliding_window(10, 10)", heads=2, kv_heads=2, mode="halo"),

@@ -15,6 +15,9 @@ import sys
 import numpy as np
 import pytest
 
+# a spike's kernels, not the product's (tests/test_triton_decode.py covers those): --runslow
+pytestmark = pytest.mark.slow
+
 _PATH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "spikes" / "spike_decode_triton.py"
 
 
