@@ -5,7 +5,9 @@ imported): Keras's ``Softmax(mask)`` masks the probabilities again after the sof
 builds its causal mask from a float ``arange`` and combines 0/1 ``int32`` masks with ``minimum``;
 penzai's named axes are nested ``vmap``s, so the row max is taken on the scores as laid out and
 subtracted from a transposed copy; reference code divides ``exp(s - max) @ V`` by the row sum
-after the product. Every substituted attention is checked against the unmodified function
+after the product; ``jax.nn.softmax(where=)`` masks the logits twice and sums masked
+exponentials; layers run under ``jax.checkpoint`` and in a ``lax.scan`` over stacked weights.
+Every substituted attention is checked against the unmodified function
 (float32, error <= 1e-5, gradients too); what must not match falls back and says why.
 """
 
@@ -510,3 +512,76 @@ def test_division_by_another_sum_is_not_attention(rng):
         return jnp.einsum("bhqk,bkhd->bhqd", p, v) / jnp.sum(p, axis=-2)[..., None]  # a column sum
 
     assert sparsify(wrong_sum).inspect(q, k, v) == []
+
+
+# --- jax.nn.softmax(where=), jax.checkpoint and lax.scan -------------------------------------
+
+
+def _window_logits(q, k):
+    """Scores [B, H, T, S] and a causal window of 5 (built inside, from iota)."""
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k) * D**-0.5
+    i, j = _grid(q.shape[1], k.shape[1], xp=jnp)
+    return s, (j <= i) & (i - j < 5)
+
+
+def softmax_where(q, k, v):
+    """``jax.nn.softmax(where=)``: the logits masked for the max and again for the shift, the
+    exponentials masked in the sum, the probabilities masked after it."""
+    s, m = _window_logits(q, k)
+    return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, axis=-1, where=m), v)
+
+
+def test_softmax_where_is_found(rng):
+    q, k, v = _qkv(rng)
+    assert _substituted(softmax_where, q, k, v).mask == masks.sliding_window(4, 0)
+
+
+def test_a_sum_over_masked_exponentials_of_unmasked_logits_stays_dense(rng):
+    """``exp(s - max) / sum(where(m, exp, 0))`` with ``s`` unmasked is no masked softmax (the
+    dropped entries keep their exponentials in the numerator): not substituted."""
+    q, k, v = _qkv(rng)
+
+    def fn(q, k, v):
+        s, m = _window_logits(q, k)
+        e = jnp.exp(s - s.max(-1, keepdims=True))
+        p = e / jnp.where(m, e, 0.0).sum(-1, keepdims=True)
+        return jnp.einsum("bhqk,bkhd->bqhd", p, v)
+
+    _falls_back(fn, (q, k, v))
+
+
+def test_a_checkpointed_attention_is_found_and_stays_checkpointed(rng):
+    q, k, v = _qkv(rng)
+    fn = jax.checkpoint(softmax_where)
+    assert _substituted(fn, q, k, v).mask == masks.sliding_window(4, 0)
+    eqns = jax.make_jaxpr(sparsify(fn))(q, k, v).jaxpr.eqns
+    names = [e.primitive.name for e in eqns]
+    assert len(names) == 1 and "remat" in names[0], "the substituted attention runs under jax.checkpoint"
+
+
+def _layers(rng, n=2, width=H * D):
+    return [jnp.asarray(rng.standard_normal((n, width, width)) * width**-0.5, jnp.float32) for _ in range(3)]
+
+
+def scanned_model(x, wq, wk, wv, remat=False):
+    """A layer scanned over stacked weights [L, W, W] (as ``nn.scan`` / ``lax.scan`` models
+    write it), its attention's mask built inside the body; ``remat``: the layer checkpointed."""
+
+    def layer(h, w):
+        q, k, v = ((h @ m).reshape(*h.shape[:2], H, D) for m in w)
+        return h + softmax_where(q, k, v).reshape(h.shape), None
+
+    step = jax.checkpoint(layer) if remat else layer
+    return jax.lax.scan(step, x, (wq, wk, wv))[0]
+
+
+@pytest.mark.parametrize("remat", [False, True], ids=["scan", "scan_checkpoint"])
+def test_a_layer_scanned_over_stacked_weights_is_found(rng, remat):
+    x = jnp.asarray(rng.standard_normal((B, S, H * D)), jnp.float32)
+    wq, wk, wv = _layers(rng)
+    fn = functools.partial(scanned_model, remat=remat)
+    found = _substituted(fn, x, wq, wk, wv, argnums=(1, 2, 3))
+    assert found.mask == masks.sliding_window(4, 0)
+    before = splat.call_counts().get("splat", 0)
+    jax.jit(sparsify(fn))(x, wq, wk, wv)
+    assert splat.call_counts().get("splat", 0) == before + 1

@@ -14,7 +14,11 @@ How it works (the *recognisable subgraph* approach; nothing is monkey-patched):
    that they reduce the key axis (``softmax``). ``P`` may be masked again after
    the softmax with the same mask (Keras's ``Softmax(mask)``), and
    ``exp(x - max) @ V / rowsum`` (flash-style reference code) is a candidate
-   too. From the softmax input we
+   too, and so is ``jax.nn.softmax(x, where=mask)`` (the logits masked twice, the
+   row sum over the masked exponentials). A ``jax.checkpoint`` call is inlined and
+   its nodes run again under ``jax.checkpoint`` (``ir.Region``); the body of a
+   ``lax.scan`` is matched as a function of its own (a layer scanned over stacked
+   weights) and the loop run on the rewritten body. From the softmax input we
    walk back to the ``Q @ K^T`` ``dot_general`` through converts, transposes,
    reshapes that merge or split whole axes (grouped-query 5-D einsums,
    ``labels``), scalar ``mul``/``div`` (the scale), one ``tanh`` between scalar
@@ -114,12 +118,25 @@ class SparsifyWarning(UserWarning):
 
 
 @dataclass
+class _Body:
+    """The attentions found in a loop's body (``lax.scan``'s), and in the loops inside it (by node)."""
+
+    ir: IR
+    matches: list[Match]
+    loops: dict[int, _Body]
+
+    def all_matches(self) -> list[Match]:
+        return self.matches + [m for body in self.loops.values() for m in body.all_matches()]
+
+
+@dataclass
 class _Plan:
     ir: IR | None
-    matches: list[Match]
+    matches: list[Match]  # every attention found, those inside loops' bodies included
     problems: list[str]
     out_tree: Any
     cacheable: bool
+    body: _Body | None = None  # the function's own IR as a body: where each match is replaced
 
 
 def _is_static(x) -> bool:
@@ -167,9 +184,25 @@ def _analyse(fn, args, kwargs, backend: str, empty_rows: str = "fallback") -> tu
     closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*specs)
     out_tree = jax.tree.structure(out_shape)
     ir = build_ir(closed)
+    problems: list[str] = []
+    body = _match_body(ir, backend, empty_rows, problems)
+    cacheable = not ir.outer and not any(isinstance(c, jax.core.Tracer) for c in ir.consts.values())
+    return _Plan(ir, body.all_matches(), problems, out_tree, cacheable, body), dyn, treedef
+
+
+def _match_body(ir: IR, backend: str, empty_rows: str, problems: list[str]) -> _Body:
+    """The attentions of ``ir``, and of the bodies of the ``lax.scan`` loops in it (a layer scanned
+    over stacked weights): each body is matched as a function of its consts, carry and slices, so
+    a mask it builds from ``iota`` is a constant there; reasons left dense go to ``problems``."""
     sl = Slices(ir)
-    matches, problems = [], []
-    for node in ir.nodes:
+    matches, loops = [], {}
+    for i, node in enumerate(ir.nodes):
+        if node.analysis_only:
+            continue
+        if node.prim.name == "scan":
+            body = _match_body(build_ir(node.params["jaxpr"]), backend, empty_rows, problems)
+            if body.all_matches():
+                loops[i] = body
         if node.prim.name != "dot_general":
             continue
         try:
@@ -179,8 +212,29 @@ def _analyse(fn, args, kwargs, backend: str, empty_rows: str = "fallback") -> tu
             continue
         if m is not None:
             matches.append(m)
-    cacheable = not ir.outer and not any(isinstance(c, jax.core.Tracer) for c in ir.consts.values())
-    return _Plan(ir, matches, problems, out_tree, cacheable), dyn, treedef
+    return _Body(ir, matches, loops)
+
+
+def _run_body(body: _Body, args: list) -> list:
+    """``body``'s IR on ``args`` with each found attention replaced by splat's, in loops too."""
+    replace = {m.pv_out: ([m.q, m.k, m.v, *m.extra], m.fn) for m in body.matches}
+    subs = {i: functools.partial(_run_scan, body.ir.nodes[i].params, inner)
+            for i, inner in body.loops.items()}
+    return run_ir(body.ir, args, replace, subs)
+
+
+def _run_scan(params: dict, body: _Body, *ins):
+    """A ``lax.scan`` node's outputs, its body run by :func:`_run_body`."""
+    n_consts, n_carry = params["num_consts"], params["num_carry"]
+    consts, init, xs = ins[:n_consts], ins[n_consts : n_consts + n_carry], ins[n_consts + n_carry :]
+
+    def step(carry, x):
+        outs = _run_body(body, [*consts, *carry, *x])
+        return list(outs[:n_carry]), list(outs[n_carry:])
+
+    carry, ys = jax.lax.scan(step, list(init), list(xs), length=params["length"], reverse=params["reverse"],
+                             unroll=params["unroll"])
+    return [*carry, *ys]
 
 
 def _weak(x) -> bool:
@@ -302,8 +356,11 @@ def wrap(
         if plan.problems:
             info["reason"] = "stayed dense: " + reasons(plan.problems)
             report(plan.problems, False)
-        first = plan.matches[0]
-        info["q"], info["k"] = plan.ir.shape(first.q), plan.ir.shape(first.k)
+        where = plan.body
+        while not where.matches:  # the first attention may be inside a loop's body
+            where = next(b for b in where.loops.values() if b.all_matches())
+        first = where.matches[0]
+        info["q"], info["k"] = where.ir.shape(first.q), where.ir.shape(first.k)
         info["mask"] = "; ".join(dict.fromkeys(repr(m.found.mask) for m in plan.matches))
         info["replaced"], info["dense"] = len(plan.matches), len(plan.problems)
         checked = sum("positions=indices" in m.found.runtime for m in plan.matches)
@@ -313,8 +370,7 @@ def wrap(
             info["reason"] = f"{info['reason']}; {note}" if info.get("reason") else note
         # splat's decode path, for every attention: queries at rows known only at run time
         info["decode"] = all("positions" in m.found.runtime for m in plan.matches)
-        replace = {m.pv_out: ([m.q, m.k, m.v, *m.extra], m.fn) for m in plan.matches}
-        outs = run_ir(plan.ir, dyn, replace)
+        outs = _run_body(plan.body, dyn)
         return jax.tree.unflatten(plan.out_tree, outs), "splat"
 
     @functools.wraps(fn)

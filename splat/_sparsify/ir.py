@@ -25,6 +25,8 @@ __all__ = ["IR", "Node", "between", "bind_params", "build_ir", "run_ir", "run_no
 
 # call primitives whose body is inlined into the flat IR
 _INLINE = ("jit", "pjit", "closed_call", "core_call")
+# rematerialised calls (jax.checkpoint): inlined too, and run again as one checkpointed region
+_REMAT = ("remat2", "checkpoint", "remat")
 
 
 @dataclass
@@ -40,6 +42,19 @@ class Node:
     effects: Any = ()
 
 
+@dataclass(eq=False)
+class Region:
+    """Nodes ``start .. end - 1`` inlined from a ``jax.checkpoint`` call on ``ins`` giving ``outs``;
+    :func:`run_ir` runs them under ``jax.checkpoint`` again, with ``params`` (policy,
+    prevent_cse), so that a substituted attention inside is rematerialised as the original was."""
+
+    start: int
+    end: int
+    ins: list[int]
+    outs: list[int]
+    params: dict
+
+
 @dataclass
 class IR:
     """Equations in program order over numbered values; ``avals[vid]`` is each value's aval."""
@@ -51,6 +66,7 @@ class IR:
     outputs: list[int] = field(default_factory=list)
     prod: dict[int, tuple[int, int]] = field(default_factory=dict)  # value id -> (node index, out pos)
     outer: dict[int, Any] = field(default_factory=dict)  # value id -> outer-trace tracer, for the run
+    regions: list[Region] = field(default_factory=list)
     _users: dict[int, list[Node]] | None = field(default=None, repr=False)
 
     def new(self, aval) -> int:
@@ -130,8 +146,9 @@ def _emit_one(
 ) -> None:
     """Add one equation (inlining a nested ``jit``); ``env`` maps its outvars to new value ids."""
     name = prim.name
-    inner = params.get("jaxpr", params.get("call_jaxpr")) if name in _INLINE else None
+    inner = params.get("jaxpr", params.get("call_jaxpr")) if name in _INLINE + _REMAT else None
     if inner is not None:
+        start = len(ir.nodes)
         if isinstance(inner, jex_core.ClosedJaxpr):
             jaxpr, consts = inner.jaxpr, inner.consts
         else:
@@ -148,6 +165,9 @@ def _emit_one(
             _emit_one(ir, eqn.primitive, eqn.params, sub_ins, eqn.outvars, ctx_, sub, analysis_only, eff)
         for outer, atom in zip(outvars, jaxpr.outvars, strict=False):
             env[outer] = _ref(ir, sub, atom)
+        if name in _REMAT and not analysis_only:
+            outs = [_ref(ir, sub, atom) for atom in jaxpr.outvars]
+            ir.regions.append(Region(start, len(ir.nodes), list(ins), outs, dict(params)))
         return
     outs = []
     for v in outvars:
@@ -243,8 +263,11 @@ def run_nodes(nodes: list[Node], reads: list[int], vals: list, consts: dict, out
     return env[out]
 
 
-def run_ir(ir: IR, args: list, replace: dict[int, tuple[list[int], Callable]]) -> list:
-    """Evaluate ``ir`` on ``args``; ``replace[vid] = (inputs, f)`` computes ``vid`` as ``f(*inputs)``."""
+def run_ir(ir: IR, args: list, replace: dict[int, tuple[list[int], Callable]],
+           subs: dict[int, Callable] | None = None) -> list:
+    """Evaluate ``ir`` on ``args``; ``replace[vid] = (inputs, f)`` computes ``vid`` as ``f(*inputs)``,
+    and ``subs[i]`` computes node ``i``'s outputs from its inputs (a loop run on a rewritten body)."""
+    subs = subs or {}
     need = set(ir.outputs)
     live = [False] * len(ir.nodes)
     for i in range(len(ir.nodes) - 1, -1, -1):
@@ -260,18 +283,51 @@ def run_ir(ir: IR, args: list, replace: dict[int, tuple[list[int], Callable]]) -
     env: dict[int, Any] = dict(ir.consts)
     env.update(ir.outer)
     env.update(zip(ir.inputs, args, strict=False))
-    for i, node in enumerate(ir.nodes):
-        if not live[i]:
-            continue
-        if all(o in replace for o in node.outs if o in need):
-            for o in node.outs:
-                if o in need:
-                    ins, f = replace[o]
-                    env[o] = f(*[env[v] for v in ins])
-            continue
-        ans = _bind(node, [env[v] for v in node.ins])
-        if node.prim.multiple_results:
-            env.update(zip(node.outs, ans, strict=False))
-        else:
-            env[node.outs[0]] = ans
+    starts: dict[int, list[Region]] = {}
+    for r in sorted(ir.regions, key=lambda r: (r.start, -r.end)):  # outermost first
+        starts.setdefault(r.start, []).append(r)
+
+    def run_range(lo: int, hi: int, env: dict, active: tuple) -> None:
+        i = lo
+        while i < hi:
+            region = next((r for r in starts.get(i, ()) if r.end <= hi and r not in active), None)
+            if region is not None:
+                run_region(region, env, active)
+                i = max(region.end, i + 1)
+                continue
+            node = ir.nodes[i]
+            i += 1
+            if not live[i - 1]:
+                continue
+            if i - 1 in subs:
+                env.update(zip(node.outs, subs[i - 1](*[env[v] for v in node.ins]), strict=True))
+                continue
+            if all(o in replace for o in node.outs if o in need):
+                for o in node.outs:
+                    if o in need:
+                        ins, f = replace[o]
+                        env[o] = f(*[env[v] for v in ins])
+                continue
+            ans = _bind(node, [env[v] for v in node.ins])
+            if node.prim.multiple_results:
+                env.update(zip(node.outs, ans, strict=False))
+            else:
+                env[node.outs[0]] = ans
+
+    def run_region(region: Region, env: dict, active: tuple) -> None:
+        outs = [o for o in dict.fromkeys(region.outs) if o in need and o not in env]
+        if not outs:
+            return
+
+        def body(*ins):
+            local = dict(env)
+            local.update(zip(region.ins, ins, strict=True))
+            run_range(region.start, region.end, local, (*active, region))
+            return [local[o] for o in outs]
+
+        remat = jax.checkpoint(body, prevent_cse=region.params.get("prevent_cse", True),
+                               policy=region.params.get("policy"))
+        env.update(zip(outs, remat(*[env[v] for v in region.ins]), strict=True))
+
+    run_range(0, len(ir.nodes), env, ())
     return [env[v] for v in ir.outputs]

@@ -33,9 +33,9 @@ from jax.extend import core as jex_core
 
 from splat._sparsify import labels as lab_ops
 from splat._sparsify.ir import IR, Node, build_ir
-from splat._sparsify.numeric import NotSparsifiable, Slices
+from splat._sparsify.numeric import NEG_THRESHOLD, NotSparsifiable, Slices
 
-__all__ = ["VIEW", "Softmax", "aligned", "match_softmax", "post_mask", "row_stat", "view_root"]
+__all__ = ["VIEW", "Softmax", "aligned", "match_softmax", "post_mask", "row_stat", "same_value", "view_root"]
 
 VIEW = ("transpose", "reshape", "squeeze", "convert_element_type", "copy", "copy_p")
 
@@ -143,6 +143,49 @@ def aligned(labels: Sequence, stat_labels: Sequence, key: int, shape, stat_shape
     return True
 
 
+def same_value(ir: IR, sl: Slices, a: int, b: int, depth: int = 4) -> bool:
+    """True when ``a`` and ``b`` hold the same array: one value, or the same operation on the same
+    operands (constants the same everywhere compared by value), ``depth`` operations deep.
+    ``jax.nn.softmax(where=)`` masks the logits twice, once for the row max and once for the shift."""
+    if a == b:
+        return True
+    if ir.shape(a) != ir.shape(b) or ir.avals[a].dtype != ir.avals[b].dtype:
+        return False
+    if sl.independent(a) and sl.independent(b):
+        try:
+            return sl.scalar(a) == sl.scalar(b)
+        except NotSparsifiable:
+            pass  # not the same everywhere: compared as operations
+    na, nb = ir.node_of(a), ir.node_of(b)
+    if depth == 0 or na is None or nb is None or na.prim != nb.prim or len(na.ins) != len(nb.ins):
+        return False
+    try:
+        if na.params != nb.params:
+            return False
+    except (TypeError, ValueError):  # parameters that do not compare (arrays)
+        return False
+    if na.outs.index(a) != nb.outs.index(b):
+        return False
+    return all(same_value(ir, sl, x, y, depth - 1) for x, y in zip(na.ins, nb.ins, strict=True))
+
+
+def _zero_where_masked(ir: IR, sl: Slices, x: int, pred: int, negate: bool) -> bool:
+    """True when the logits ``x`` are ``where(pred, s, fill)`` (``negate``: ``where(pred, fill,
+    s)``) with a large negative fill: their exponentials are 0 wherever that mask drops them."""
+    node = ir.node_of(x)
+    if node is None or node.prim.name != "select_n" or len(node.ins) != 3:
+        return False
+    if not same_value(ir, sl, node.ins[0], pred):
+        return False
+    fill = node.ins[2 if negate else 1]  # select_n's case 0 is taken where pred is false
+    if not sl.independent(fill):
+        return False
+    try:
+        return sl.scalar(fill) <= NEG_THRESHOLD
+    except NotSparsifiable:
+        return False
+
+
 def _is_zero(sl: Slices, vid: int) -> bool:
     if not sl.independent(vid):
         return False
@@ -210,7 +253,7 @@ def _exp_part(ir: IR, sl: Slices, e: int) -> tuple[int, int | None, list] | None
         return None
     root_m, m_labels, key = stat
     root_x, chain = view_root(ir, x)
-    if root_x != root_m:
+    if not same_value(ir, sl, root_x, root_m):
         return None
     root_shape = ir.shape(root_x)
     x_labels = _forward(ir, chain, list(range(len(root_shape))), lambda a: root_shape[a])
@@ -230,7 +273,12 @@ def match_softmax(ir: IR, sl: Slices, vid: int) -> Softmax | None:
         n, z = node.ins
         e_root, n_chain = view_root(ir, n)
         stat = row_stat(ir, sl, z, "reduce_sum")
-        if stat is None or stat[0] != e_root:
+        if stat is None:
+            return None
+        # the sum may be of the exponentials masked by the logits' own mask (softmax(where=)): the
+        # same sum, as they are 0 where it drops them
+        summed = post_mask(ir, sl, ir.node_of(stat[0])) if stat[0] != e_root and ir.node_of(stat[0]) else None
+        if stat[0] != e_root and (summed is None or summed[0] != e_root or summed[1][2] is not None):
             return None
         _, z_labels, key = stat
         e_shape = ir.shape(e_root)
@@ -239,6 +287,8 @@ def match_softmax(ir: IR, sl: Slices, vid: int) -> Softmax | None:
             return None
         part = _exp_part(ir, sl, e_root)
         if part is None or (part[1] is not None and part[1] != key) or ir.shape(part[0]) != e_shape:
+            return None
+        if summed is not None and not _zero_where_masked(ir, sl, part[0], summed[1][0], summed[1][1]):
             return None
         return Softmax(part[0], key, e_root, True, [(ir, x) for x in n_chain], part[2])
     part = _exp_part(ir, sl, vid)
