@@ -136,11 +136,11 @@ def test_refusals_name_why(args, why):
         cb.attention_fwd(q, k, v, None, layout, 0.1)
 
 
-def test_the_narrow_windows_backward_and_wide_heads_backward_are_refused():
+def test_the_narrow_windows_backward_and_other_heads_backward_are_refused():
     q, k, v, do = _inputs(0, 64, 64, 2, 2, jnp.bfloat16)
-    wide = _inputs(0, 64, 64, 2, 2, jnp.bfloat16, d=192)
+    odd = _inputs(0, 64, 64, 2, 2, jnp.bfloat16, d=192)
     with pytest.raises(NotImplementedError, match="head dims"):
-        cb.attention_bwd(*wide[:3], None, wide[0], None, wide[3], _band_layout(64, 64, None, 0), 0.1)
+        cb.attention_bwd(*odd[:3], None, odd[0], None, odd[3], _band_layout(64, 64, None, 0), 0.1)
     with pytest.raises(NotImplementedError, match="narrower windows"):
         cb.attention_bwd(q, k, v, None, q, None, do, _band_layout(64, 64, 16, 0), 0.1)
 

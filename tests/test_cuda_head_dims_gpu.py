@@ -7,7 +7,8 @@ chunk at an offset (shifted); the soft cap at every head dim, 128 included; agai
 reference: out, lse (-inf and out = 0 on rows that see nothing), reruns bit-identical. The
 backward at every head dim it takes (256 on the wide kernel), with the cap and the runtime masks,
 gradients against float64 and reruns bit-identical. Training under ``backend="auto"``: this
-forward, and the next backend's backward where the cuda backward does not take the head dim.
+forward, and the next backend's backward where the cuda backward does not take the head dim or
+is not offered.
 """
 
 from __future__ import annotations
@@ -167,18 +168,20 @@ def test_a_grid_layout_runs_where_its_tile_fits_and_is_refused_by_name_elsewhere
     assert_close("out", out, attention_ref(q, k, v, layout, scale)[0], jnp.bfloat16)
 
 
-@pytest.mark.parametrize("head_dim, soft_cap", [(192, None), (192, 20.0)])
-def test_auto_trains_with_this_forward_and_another_backward(head_dim, soft_cap, monkeypatch):
-    """Where the cuda backward does not take the head dim, ``auto`` pairs this forward with the next
-    backend's backward (the backends in the registry's order: the tuning store's ranking aside)."""
+@pytest.mark.parametrize("head_dim, soft_cap, why", [(192, None, "head dims"), (192, 20.0, "head dims"),
+                                                     (256, 20.0, "narrower windows")])
+def test_auto_trains_with_this_forward_and_another_backward(head_dim, soft_cap, why, monkeypatch):
+    """Where the cuda backward does not take the head dim or is not offered (a window narrower than
+    it was measured faster on), ``auto`` pairs this forward with the next backend's backward (the
+    backends in the registry's order: the tuning store's ranking aside)."""
     monkeypatch.setattr(_tuning, "rank_backends", lambda family, q_len, d, dtype, names, **kw: list(names))
     layout = masks.sliding_window(200, 200).to_acsr(600)
     q, k, v, do = _inputs(2, 2, 600, 600, 4, 2, head_dim, jnp.bfloat16)
     scale = head_dim**-0.5
     fn = jax.jit(lambda a, b, c: _dispatch.attention(a, b, c, layout, scale, "auto", soft_cap=soft_cap))
     assert _dispatch.selected_backend("attention", q, k, v, layout, scale, soft_cap=soft_cap) == "cuda"
-    with pytest.raises(NotImplementedError, match="head dims"):
-        plan.bwd_variant(layout, head_dim, "bfloat16", soft_cap=soft_cap)
+    with pytest.raises(NotImplementedError, match=why):
+        plan.offered_bwd_variant(layout, head_dim, "bfloat16", soft_cap=soft_cap)
     out, vjp = jax.vjp(fn, q, k, v)
     dense = np.broadcast_to(layout.to_dense(), (2, 600, 600))
     ref, ref_grads = runtime_ref(q, k, v, dense, scale, do, soft_cap=soft_cap)

@@ -174,8 +174,6 @@ def program(left: int | None, right: int | None, *, stages: int = 2, dtype: str 
     source.check_head_dim(head_dim)
     source.check_soft_cap(soft_cap)
     hd = source.padded_head_dim(head_dim)
-    if is_wide(head_dim) and hd % 128:
-        raise ValueError(f"head_dim must pad to 64, 128 or 256 columns in the backward, got {head_dim}")
     if dq_buffers not in (1, 2):
         raise ValueError(f"dq_buffers must be 1 or 2, got {dq_buffers}")
     if smem_bytes(stages, head_dim, dq_buffers) > source.SMEM_LIMIT:
@@ -199,11 +197,14 @@ def program(left: int | None, right: int | None, *, stages: int = 2, dtype: str 
     # params.cuh: wide, S^T and dP^T over half the step's queries and dK and dV over half the
     # columns, from shared memory; narrow, over all of them, P^T and dS^T from registers (the
     # other form's products are named in the kernel's untaken branch, so both are defined)
+    # (wide, a warpgroup's columns run as pieces inside 64-column blocks: 96 as 64 + 32)
     wide = is_wide(head_dim)
     kv_n = hd // 2 if wide else hd
+    pieces = ({kv_n} if kv_n % 64 == 0 else {64, 32}) if wide else set()
     wgmma = (source.wgmma_ss(BM // 2 if wide else BM, dtype=dtype)
-             + source.wgmma_ss(hd // 2, transposed=True, dtype=dtype)
-             + source.wgmma_rs(kv_n, dtype=dtype) + source.wgmma_ss(kv_n, dtype=dtype, layout="b_mn"))
+             + "".join(source.wgmma_ss(n, transposed=True, dtype=dtype) for n in sorted({hd // 2} | pieces))
+             + source.wgmma_rs(kv_n, dtype=dtype)
+             + "".join(source.wgmma_ss(n, dtype=dtype, layout="b_mn") for n in sorted({kv_n} | pieces)))
     header = parts.constants_header(
         "cfg", constants, types={"Elem": source.ELEMENT_TYPES[dtype]},
         includes=("common/types.cuh", "common/wgmma.cuh"),

@@ -32,6 +32,36 @@
 
 namespace bwd {
 
+template <int N>
+struct Cols {
+  static constexpr int value = N;
+};
+// A warpgroup's NW columns of an MN-major operand, from column wg NW, as wgmma products that each
+// stay inside one 64-column block where they start inside it (an MN-major operand's start may sit
+// inside a block, but a product does not cross into the next block from there): f(Cols<n>, first
+// column from the warpgroup's, first accumulator) for each piece. The accumulators keep the
+// column order, so a thread's value e is column (e / 4) 8 + 2 (lane % 4) + e % 2 for every piece.
+template <int NW, typename F>
+__device__ __forceinline__ void column_pieces(int wg, F&& f) {
+  if constexpr (NW % 64 == 0 || NW < 64) {
+    f(Cols<NW>{}, 0, 0);
+  } else {
+    static_assert(NW == 96, "warpgroups of 96 columns (head dim 192): 64 + 32 and 32 + 64");
+    if (wg == 0) {
+      f(Cols<64>{}, 0, 0);
+      f(Cols<32>{}, 64, 32);
+    } else {
+      f(Cols<32>{}, 0, 0);
+      f(Cols<64>{}, 32, 16);
+    }
+  }
+}
+// The descriptor of column col of a tile of `rows` rows (MN-major: 64-column blocks of rows x 128
+// bytes, the column's offset inside its block in the start address)
+__device__ __forceinline__ uint64_t mn_desc_at_col(uint32_t tile, int col, int rows) {
+  return smem_desc(tile + (col / 64) * rows * 128 + (col % 64) * 2, rows * 128, 1024);
+}
+
 __device__ __forceinline__ void consume(const Params& p, const Smem& sm, const ItemScheduler& items,
                                         const Cta& cta) {
   regs_alloc<CONSUMER_REGS>();
@@ -113,28 +143,45 @@ __device__ __forceinline__ void consume(const Params& p, const Smem& sm, const I
         // dV += P^T dO and dK += dS^T Q: narrow, P^T and dS^T from registers; wide, from shared
         // memory (K-major, the item's 64 keys by the step's BM queries)
         const uint64_t p_k = smem_desc(sm.p(buf), 16, 1024), ds_k = smem_desc(sm.ds(buf), 16, 1024);
-        auto dv_product = [&]() {
+        // wide: acc += A B over the warpgroup's columns of the step's Q or dO tile (B, MN-major)
+        auto wide_product = [&](float* acc, uint64_t a, uint32_t b_tile) {
+          column_pieces<KV_N>(wg, [&](auto n, int c, int e0) {
+            const uint64_t b = mn_desc_at_col(b_tile, kv_col0 + c, BM);
 #pragma unroll
-          for (int kk = 0; kk < BM / 16; ++kk) {
-            if constexpr (WIDE)
-              wgmma_ss_bmn<Elem, KV_N>(dvac, desc_at(p_k, kk * 32), desc_at(do_mn, kk * 16 * 128), 1);
-            else
-              wgmma_rs<Elem, KV_N>(dvac, pk + 4 * kk, desc_at(do_mn, kk * 16 * 128));
+            for (int kk = 0; kk < BM / 16; ++kk)
+              wgmma_ss_bmn<Elem, decltype(n)::value>(acc + e0, desc_at(a, kk * 32), desc_at(b, kk * 16 * 128), 1);
+          });
+        };
+        auto dv_product = [&]() {
+          if constexpr (WIDE) {
+            wide_product(dvac, p_k, sm.dout(s));
+          } else {
+#pragma unroll
+            for (int kk = 0; kk < BM / 16; ++kk) wgmma_rs<Elem, KV_N>(dvac, pk + 4 * kk, desc_at(do_mn, kk * 16 * 128));
           }
         };
         auto dk_product = [&]() {
+          if constexpr (WIDE) {
+            wide_product(dkac, ds_k, sm.q(s));
+          } else {
 #pragma unroll
-          for (int kk = 0; kk < BM / 16; ++kk) {
-            if constexpr (WIDE)
-              wgmma_ss_bmn<Elem, KV_N>(dkac, desc_at(ds_k, kk * 32), desc_at(q_mn, kk * 16 * 128), 1);
-            else
-              wgmma_rs<Elem, KV_N>(dkac, ds + 4 * kk, desc_at(q_mn, kk * 16 * 128));
+            for (int kk = 0; kk < BM / 16; ++kk) wgmma_rs<Elem, KV_N>(dkac, ds + 4 * kk, desc_at(q_mn, kk * 16 * 128));
           }
         };
         auto dq_product = [&]() {
+          if constexpr (WIDE) {
+            column_pieces<DQ_N>(wg, [&](auto n, int c, int e0) {
+              const uint64_t b = mn_desc_at_col(sm.k, wg * DQ_N + c, BN);
 #pragma unroll
-          for (int kk = 0; kk < BN / 16; ++kk)
-            wgmma_ss_t<Elem, DQ_N>(dq, desc_at(ds_mn, kk * 16 * 128), desc_at(k_mn, kk * 16 * 128), kk > 0);
+              for (int kk = 0; kk < BN / 16; ++kk)
+                wgmma_ss_t<Elem, decltype(n)::value>(dq + e0, desc_at(ds_mn, kk * 16 * 128), desc_at(b, kk * 16 * 128),
+                                                     kk > 0);
+            });
+          } else {
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk)
+              wgmma_ss_t<Elem, DQ_N>(dq, desc_at(ds_mn, kk * 16 * 128), desc_at(k_mn, kk * 16 * 128), kk > 0);
+          }
         };
         // dQ to shared memory for the writer (once it took the buffer's last), in fragment order:
         // warpgroup, then pair of values e / 2, then thread (bwd_source.py's dq_from_acc)

@@ -23,7 +23,7 @@ static_assert(HD % 64 == 0 && HEAD_DIM <= HD && HD - HEAD_DIM < 64 && HEAD_DIM %
 constexpr bool WIDE = HD > 128;
 constexpr int KEYS_WG = 64, QN = WIDE ? BM / 2 : BM, KV_N = WIDE ? HD / 2 : HD;
 static_assert(BN == (WIDE ? KEYS_WG : 2 * KEYS_WG), "an item is 64 keys a warpgroup, or 64 shared");
-static_assert(!WIDE || KV_N % 64 == 0, "wide: each warpgroup's columns are whole 64-column blocks");
+static_assert(!WIDE || KV_N % 32 == 0, "wide: each warpgroup's columns are whole 32-column halves of blocks");
 static_assert(DQ_BUFS == 1 || DQ_BUFS == 2, "dQ leaves through one or two buffers");
 // step g's dQ buffer, and how many times the buffers were used before it
 __device__ __forceinline__ int dq_buf(int g) { return g & (DQ_BUFS - 1); }
