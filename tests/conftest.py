@@ -33,6 +33,10 @@ import pytest
 
 from jax_bindings import _registry
 
+# Keras reads its backend once, at its first import, which any model library may do first (gemma
+# imports it): the keras-hub tests need JAX's, unless the caller chose another.
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
 # Under pytest-xdist (``make test``) several processes share the machine, and a GPU: none takes
 # most of its memory up front, as XLA otherwise does at its first use.
 if os.environ.get("PYTEST_XDIST_WORKER"):
