@@ -585,3 +585,20 @@ def test_a_layer_scanned_over_stacked_weights_is_found(rng, remat):
     before = splat.call_counts().get("splat", 0)
     jax.jit(sparsify(fn))(x, wq, wk, wv)
     assert splat.call_counts().get("splat", 0) == before + 1
+
+
+def test_an_attention_split_across_a_checkpoint_is_found(rng):
+    """The projections and the softmax checkpointed, the product outside: splat's call reads Q and
+    K made inside the checkpointed call."""
+    x = jnp.asarray(rng.standard_normal((B, S, H * D)), jnp.float32)
+    wq, wk, wv = (m[0] for m in _layers(rng))
+
+    def fn(x, wq, wk, wv):
+        def probs(x):
+            q, k = ((x @ w).reshape(B, S, H, D) for w in (wq, wk))
+            s, m = _window_logits(q, k)
+            return jax.nn.softmax(jnp.where(m, s, -jnp.inf), axis=-1)
+
+        return jnp.einsum("bhqk,bkhd->bqhd", jax.checkpoint(probs)(x), (x @ wv).reshape(B, S, H, D))
+
+    assert _substituted(fn, x, wq, wk, wv, argnums=(1, 2, 3)).mask == masks.sliding_window(4, 0)

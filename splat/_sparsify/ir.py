@@ -314,8 +314,20 @@ def run_ir(ir: IR, args: list, replace: dict[int, tuple[list[int], Callable]],
             else:
                 env[node.outs[0]] = ans
 
+    def read_outside(region: Region) -> list[int]:
+        """Values the region makes that are read outside it: by live nodes, by replacements
+        (an attention whose product lies outside may read its Q or K from inside), or as outputs."""
+        made = {o for node in ir.nodes[region.start : region.end] for o in node.outs}
+        reads = set(ir.outputs)
+        for i, node in enumerate(ir.nodes):
+            if region.start <= i < region.end or not live[i]:
+                continue
+            reads.update(node.ins)
+            reads.update(v for o in node.outs if o in replace and o in need for v in replace[o][0])
+        return sorted(reads & made)
+
     def run_region(region: Region, env: dict, active: tuple) -> None:
-        outs = [o for o in dict.fromkeys(region.outs) if o in need and o not in env]
+        outs = [o for o in dict.fromkeys(region.outs + read_outside(region)) if o in need and o not in env]
         if not outs:
             return
 
