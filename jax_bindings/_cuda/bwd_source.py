@@ -33,8 +33,8 @@ unless it started late enough. First-first on the last section only keeps most o
 Mask: as the forward's, ``a(i) - left <= j <= a(i) + right``, ``0 <= j < Skv``, ``a(i) = i`` or
 its block's first row (``band_block``); a key block's walk is the rows whose ``a(i)`` is in
 ``[n0 - right, n0 + BN - 1 + left]``, which never moves back from one key block to the next.
-Inputs ``q, dout [B, Sq, H, D]``, ``k, v [B, Skv, Hkv, D]`` (bf16 or fp16; ``D`` padded to 64,
-128 or 256 columns: 64, 96, 128, 256; the tiles are :func:`source.padded_head_dim` wide),
+Inputs ``q, dout [B, Sq, H, D]``, ``k, v [B, Skv, Hkv, D]`` (bf16 or fp16; ``D`` padded to whole
+64-column blocks: 64, 96, 128, 192, 256; the tiles are :func:`source.padded_head_dim` wide),
 ``lse2 [B, H, Sq_pad]`` (the forward's lse times log2(e); ``+inf`` on a row with no key and on
 the padding to ``Sq_pad``, a multiple of 64), ``delta [B, H, Sq_pad]`` (rowsum(dout * out), 0 on
 the padding). Outputs ``dk``, ``dv`` like k, v (dk times ``scale``), ``dq_acc`` fp32
