@@ -350,8 +350,18 @@ class Slices:
         return np.asarray(self.value(vid, (0,) * len(self.ir.shape(vid)), {})).item()
 
     # -- structural fingerprints (equal slices -> one shared Mask) ----------------------
+    def _uniform(self, vid: int):
+        """The value of a computed constant that is the same everywhere, else None."""
+        try:
+            if not self.independent(vid) or self.deps(vid):
+                return None
+            return self.scalar(vid)
+        except NotSparsifiable:
+            return None
+
     def fingerprint(self, vid: int) -> str:
-        """A hash of ``vid``'s slice (primitives, parameters, constants): equal slices, equal hashes."""
+        """A hash of ``vid``'s slice (primitives, parameters, constants; a computed constant the same
+        everywhere by its value): equal slices, equal hashes."""
         if vid in self._fp:
             return self._fp[vid]
         ir = self.ir
@@ -363,6 +373,8 @@ class Slices:
             fp = f"c({c.dtype},{c.shape},{h})"
         elif ir.node_of(vid) is None:  # an input, or an opaque outer tracer: only itself
             fp = f"input({vid})"
+        elif (uniform := self._uniform(vid)) is not None:  # -inf and convert(-inf) alike
+            fp = f"u({ir.avals[vid].dtype},{ir.shape(vid)},{uniform!r})"
         else:
             node = ir.node_of(vid)
             k = ir.prod[vid][1]

@@ -35,7 +35,7 @@ from splat._sparsify import labels as lab_ops
 from splat._sparsify.ir import IR, Node, build_ir
 from splat._sparsify.numeric import NEG_THRESHOLD, NotSparsifiable, Slices
 
-__all__ = ["VIEW", "Softmax", "aligned", "match_softmax", "post_mask", "row_stat", "same_value", "view_root"]
+__all__ = ["VIEW", "Softmax", "aligned", "match_softmax", "post_mask", "row_stat", "view_root"]
 
 VIEW = ("transpose", "reshape", "squeeze", "convert_element_type", "copy", "copy_p")
 
@@ -143,30 +143,10 @@ def aligned(labels: Sequence, stat_labels: Sequence, key: int, shape, stat_shape
     return True
 
 
-def same_value(ir: IR, sl: Slices, a: int, b: int, depth: int = 4) -> bool:
-    """True when ``a`` and ``b`` hold the same array: one value, or the same operation on the same
-    operands (constants the same everywhere compared by value), ``depth`` operations deep.
+def same_value(sl: Slices, a: int, b: int) -> bool:
+    """True when ``a`` and ``b`` hold the same array: equal slices (:meth:`Slices.fingerprint`).
     ``jax.nn.softmax(where=)`` masks the logits twice, once for the row max and once for the shift."""
-    if a == b:
-        return True
-    if ir.shape(a) != ir.shape(b) or ir.avals[a].dtype != ir.avals[b].dtype:
-        return False
-    if sl.independent(a) and sl.independent(b):
-        try:
-            return sl.scalar(a) == sl.scalar(b)
-        except NotSparsifiable:
-            pass  # not the same everywhere: compared as operations
-    na, nb = ir.node_of(a), ir.node_of(b)
-    if depth == 0 or na is None or nb is None or na.prim != nb.prim or len(na.ins) != len(nb.ins):
-        return False
-    try:
-        if na.params != nb.params:
-            return False
-    except (TypeError, ValueError):  # parameters that do not compare (arrays)
-        return False
-    if na.outs.index(a) != nb.outs.index(b):
-        return False
-    return all(same_value(ir, sl, x, y, depth - 1) for x, y in zip(na.ins, nb.ins, strict=True))
+    return a == b or sl.fingerprint(a) == sl.fingerprint(b)
 
 
 def _zero_where_masked(ir: IR, sl: Slices, x: int, pred: int, negate: bool) -> bool:
@@ -175,7 +155,7 @@ def _zero_where_masked(ir: IR, sl: Slices, x: int, pred: int, negate: bool) -> b
     node = ir.node_of(x)
     if node is None or node.prim.name != "select_n" or len(node.ins) != 3:
         return False
-    if not same_value(ir, sl, node.ins[0], pred):
+    if not same_value(sl, node.ins[0], pred):
         return False
     fill = node.ins[2 if negate else 1]  # select_n's case 0 is taken where pred is false
     if not sl.independent(fill):
@@ -253,7 +233,7 @@ def _exp_part(ir: IR, sl: Slices, e: int) -> tuple[int, int | None, list] | None
         return None
     root_m, m_labels, key = stat
     root_x, chain = view_root(ir, x)
-    if not same_value(ir, sl, root_x, root_m):
+    if not same_value(sl, root_x, root_m):
         return None
     root_shape = ir.shape(root_x)
     x_labels = _forward(ir, chain, list(range(len(root_shape))), lambda a: root_shape[a])
