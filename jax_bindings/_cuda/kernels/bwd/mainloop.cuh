@@ -79,8 +79,7 @@ __device__ __forceinline__ void consume(const Params& p, const Smem& sm, const I
   const int kw0 = WIDE ? 0 : KEYS_WG * wg, qc0 = WIDE ? QN * wg : 0, kv_col0 = WIDE ? KV_N * wg : 0;
   const uint64_t k_desc = smem_desc(sm.k + kw0 * 128, 16, 1024);
   const uint64_t v_desc = smem_desc(sm.v + kw0 * 128, 16, 1024);
-  constexpr int DQ_COL = DQ_N % 64;  // DQ_N < 64: a warpgroup's columns start inside a 64-column block
-  const uint64_t k_mn = smem_desc(sm.k + (wg * DQ_N / 64) * BN * 128 + wg * DQ_COL * 2, BN * 128, 1024);
+  const uint64_t k_mn = mn_desc_at_col(sm.k, wg * DQ_N, BN);  // narrow (wide: by column pieces)
   // n: the CTA's items so far; g0: its steps before this item
   for (int n = 0, g0 = 0;; ++n) {
     const int ticket = next_ticket(n, sm);
@@ -105,12 +104,10 @@ __device__ __forceinline__ void consume(const Params& p, const Smem& sm, const I
         float st[QN / 2], dpt[QN / 2], dq[DQ_N / 2], dcap[SOFT_CAP > 0.f ? QN / 2 : 1];
         uint32_t pk[QN / 4], ds[QN / 4];
         // the step's operands as wgmma descriptors, each product's k-slices offsets from them: Q and
-        // dO rows of the warpgroup's queries (K-major), their dK/dV columns (MN-major)
+        // dO rows of the warpgroup's queries (K-major), and (narrow) all their columns (MN-major)
         const uint64_t q_desc = smem_desc(sm.q(s) + qc0 * 128, 16, 1024);
         const uint64_t do_desc = smem_desc(sm.dout(s) + qc0 * 128, 16, 1024);
-        const uint32_t kv_cols = (kv_col0 / 64) * BM * 128;
-        const uint64_t q_mn = smem_desc(sm.q(s) + kv_cols, BM * 128, 1024);
-        const uint64_t do_mn = smem_desc(sm.dout(s) + kv_cols, BM * 128, 1024);
+        const uint64_t q_mn = smem_desc(sm.q(s), BM * 128, 1024), do_mn = smem_desc(sm.dout(s), BM * 128, 1024);
         const uint64_t ds_mn = smem_desc(sm.ds(buf), BN * 128, 1024);
         mbar_wait(sm.full(s), (g / STAGES) & 1);
         wgmma_fence();
