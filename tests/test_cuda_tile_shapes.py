@@ -42,20 +42,15 @@ def test_the_tiles_take_what_shared_memory_holds_and_no_more():
     assert bwd_source.smem_bytes(2, 256, 1) > source.SMEM_LIMIT < bwd_source.smem_bytes(1, 256, 2)
     with pytest.raises(ValueError, match="shared memory"):
         bwd_source.program(None, 0, head_dim=256, stages=2, dq_buffers=1)
-    mid = tile_shapes.bwd_tile(192, "bfloat16", unchecked=True)
+    mid = tile_shapes.bwd_tile(192, "bfloat16")
     assert (mid.block_n, mid.stages, mid.dq_buffers) == (64, 2, 1) and mid.smem() <= source.SMEM_LIMIT
     assert bwd_source.smem_bytes(2, 192, 2) > source.SMEM_LIMIT
 
 
 @pytest.mark.parametrize("head_dim, dtype, why", [(80, "bfloat16", "head dims"), (128, "float32", "dtypes"),
-                                                  (192, "bfloat16", "head dims")])
+                                                  (272, "bfloat16", "head dims")])
 def test_calls_the_kernels_do_not_take_are_refused_by_name(head_dim, dtype, why):
     layout = masks.causal().to_acsr(256)
-    if head_dim in tile_shapes.BWD_HEAD_DIMS_UNCHECKED:  # the forward takes it, the backward not yet
-        plan.fwd_variant(layout, head_dim, dtype)
-        with pytest.raises(NotImplementedError, match=why):
-            plan.bwd_variant(layout, head_dim, dtype)
-        return
     for variant in (plan.fwd_variant, plan.bwd_variant):
         with pytest.raises(NotImplementedError, match=why):
             variant(layout, head_dim, dtype)
@@ -105,7 +100,7 @@ def test_planned_variants_compile_at_every_head_dim(cuda_compiler, head_dim):
         assert int(re.search(r"Used (\d+) registers", log).group(1)) <= 168, (what, log)
 
 
-@pytest.mark.parametrize("head_dim", tile_shapes.BWD_HEAD_DIMS + tile_shapes.BWD_HEAD_DIMS_UNCHECKED)
+@pytest.mark.parametrize("head_dim", tile_shapes.BWD_HEAD_DIMS)
 def test_backward_variants_compile_at_every_head_dim_it_takes(cuda_compiler, head_dim):
     """The backward's producer spills some of its item state (``test_cuda_source``); the soft cap's
     derivative, held per element until dS, spills some more at 96 and 128 (a bounded 248-324 bytes
@@ -115,13 +110,7 @@ def test_backward_variants_compile_at_every_head_dim_it_takes(cuda_compiler, hea
     for runtime, cap in ((r, c) for r in ("", "ids") for c in (None, 30.0)
                          if head_dim == 64 or (r, c) == ("ids", 30.0) or (head_dim, r, c) == (256, "", None)):
         layout = masks.causal().to_acsr(1024)
-        if head_dim in tile_shapes.BWD_HEAD_DIMS_UNCHECKED:  # as the planner will build it
-            tile = tile_shapes.bwd_tile(head_dim, "bfloat16", unchecked=True)
-            variant = plan.BwdVariant(plan.band_form(layout, head_dim, "bfloat16", runtime).band, "bfloat16",
-                                      stages=tile.stages, runtime=runtime, head_dim=head_dim, soft_cap=cap,
-                                      dq_buffers=tile.dq_buffers)
-        else:
-            variant = plan.bwd_variant(layout, head_dim, "bfloat16", runtime, cap)
+        variant = plan.bwd_variant(layout, head_dim, "bfloat16", runtime, cap)
         text = variant.named_source()[1]
         assert f"constexpr int HEAD_DIM = {head_dim};" in text
         assert variant.smem <= source.SMEM_LIMIT

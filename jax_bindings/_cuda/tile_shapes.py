@@ -15,9 +15,8 @@ the sanitizer read it. A tile is bounded by two budgets:
 The backward holds ``dK`` and ``dV`` accumulators of 64 keys x ``HD`` per warpgroup (``HD``
 values a thread) up to 128 columns; at 256 it runs wide (:func:`bwd_source.is_wide`: 64 keys
 shared by both warpgroups, each holding half the columns), where shared memory holds one Q/dO
-buffer and one dQ buffer (:func:`bwd_tile`). The generator runs 192 wide too (each warpgroup's
-96 columns as products of 64 and 32 inside 64-column blocks, two Q/dO buffers and one dQ buffer);
-it is not offered until it has run on a GPU (:data:`BWD_HEAD_DIMS_UNCHECKED`).
+buffer and one dQ buffer (:func:`bwd_tile`). 192 runs wide too: each warpgroup's 96 columns as
+products of 64 and 32 inside 64-column blocks, with two Q/dO buffers and one dQ buffer.
 """
 
 from __future__ import annotations
@@ -29,10 +28,7 @@ from jax_bindings._cuda import bwd_source, source
 # Head dims the generated kernels take (q, k, v and out alike). 96 runs on tiles of 128 columns
 # whose last 32 are zeros (TMA fills them): a quarter of its products are wasted.
 HEAD_DIMS = (64, 96, 128, 192, 256)
-BWD_HEAD_DIMS = (64, 96, 128, 256)
-# Generated and compiled (tests/test_cuda_tile_shapes.py) but not yet run on a GPU: the planner
-# takes them into BWD_HEAD_DIMS once tests/test_cuda_head_dims_gpu.py and the sanitizer have.
-BWD_HEAD_DIMS_UNCHECKED = (192,)
+BWD_HEAD_DIMS = (64, 96, 128, 192, 256)
 BWD_STAGES = 2
 DTYPES = tuple(source.ELEMENTS)
 
@@ -106,12 +102,10 @@ class BwdTile:
         return bwd_source.smem_bytes(self.stages, self.head_dim, self.dq_buffers)
 
 
-def bwd_tile(head_dim: int, dtype: str, unchecked: bool = False) -> BwdTile:
+def bwd_tile(head_dim: int, dtype: str) -> BwdTile:
     """The backward's tile for ``head_dim`` and ``dtype``: two Q/dO buffers and two dQ buffers
-    where they fit, else two Q/dO buffers and one dQ buffer (192), else one of each (256).
-    ``unchecked``: also the head dims not yet run on a GPU (:data:`BWD_HEAD_DIMS_UNCHECKED`), for
-    the compile tests."""
-    check_call(head_dim, dtype, BWD_HEAD_DIMS + (BWD_HEAD_DIMS_UNCHECKED if unchecked else ()))
+    where they fit, else two Q/dO buffers and one dQ buffer (192), else one of each (256)."""
+    check_call(head_dim, dtype, BWD_HEAD_DIMS)
     for stages, dq_buffers in ((BWD_STAGES, 2), (BWD_STAGES, 1), (1, 1)):
         tile = BwdTile(head_dim, bwd_source.BM, bwd_source.block_n(head_dim), stages, dq_buffers)
         if tile.smem() <= source.SMEM_LIMIT:
