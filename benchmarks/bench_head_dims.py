@@ -1,8 +1,8 @@
 """Head dims other than 128 and the soft cap: splat against cuDNN and FlexAttention, on one GPU.
 
-The cases of the CUDA target's head dims (bf16, B = 1, H = 16): causal and a causal window of
-1024 at D = 64 and 256 against cuDNN; a sliding window (256, 256) at D = 64, 128 and 256 against
-FlexAttention (the share of splat's D = 128 rate that D = 64 and 256 keep); the Gemma-2 local
+The cases of the CUDA target's head dims (bf16, B = 1, H = 16): causal at D = 64, 192 and 256 and
+a causal window of 1024 at D = 64 and 256 against cuDNN; a sliding window (256, 256) at D = 64,
+128, 192 and 256 against FlexAttention (the share of splat's D = 128 rate the others keep); the Gemma-2 local
 layer (a causal window of 4096, soft cap 50, D = 256, H = 16, Hk = 8) against FlexAttention with
 the cap as its ``score_mod``; forward and forward+backward, at S = 8192 and 16384. Every peer of
 a row runs in this process, sampled in interleaved rounds (:data:`splat.tools.timing.INTERLEAVING`);
@@ -48,9 +48,9 @@ class Case:
 CAUSAL_WINDOW_1024 = masks.sliding_window(1023, 0)
 SLIDING_256 = masks.sliding_window(256, 256)
 CASES = [
-    *(Case(f"causal_d{d}", masks.causal(), d) for d in (64, 256)),
+    *(Case(f"causal_d{d}", masks.causal(), d) for d in (64, 192, 256)),
     *(Case(f"causal_window_1024_d{d}", CAUSAL_WINDOW_1024, d) for d in (64, 256)),
-    *(Case(f"sliding_window_256_d{d}", SLIDING_256, d, peers=("flex",)) for d in (64, 128, 256)),
+    *(Case(f"sliding_window_256_d{d}", SLIDING_256, d, peers=("flex",)) for d in (64, 128, 192, 256)),
     Case("gemma2_local", masks.sliding_window(4095, 0), 256, 16, 8, 50.0, ("flex",)),
 ]
 
@@ -81,33 +81,13 @@ def _splat(case: Case, problem, backend: str = "auto"):
     return dataclasses.replace(peers._compile_jax(attend, problem), splat_backend=ran)
 
 
-def _flex(case: Case, problem):
-    from splat.tools import mask_forms, peers
-
-    torch = peers._torch_cuda()
-    fa = __import__("torch.nn.attention.flex_attention", fromlist=["flex_attention"])
-    expr = mask_forms.mask_expression(case.mask)
-    s = problem.seq_len
-    block_mask = fa.create_block_mask(lambda b, h, qi, ki: expr(qi, ki), B=None, H=None, Q_LEN=s, KV_LEN=s,
-                                      device="cuda")
-    flex = peers.compiled_flex(torch, fa)
-    cap = case.soft_cap
-    score_mod = None if cap is None else (lambda score, b, h, qi, ki: cap * torch.tanh(score / cap))
-    gqa = case.kv_heads != case.heads
-
-    def attend(q, k, v):
-        return flex(q, k, v, block_mask=block_mask, score_mod=score_mod, enable_gqa=gqa)
-
-    return peers._torch_prepared(torch, attend, problem)
-
-
 def _peer(name: str, case: Case, problem):
     from splat.tools import peers
 
     if name == "cudnn":
         return peers._prep_cudnn(problem)
     if name == "flex":
-        return _flex(case, problem)
+        return peers._prep_flex(problem, case.soft_cap)
     raise ValueError(f"unknown peer {name!r}")
 
 

@@ -50,9 +50,12 @@ SHIPPED_DIR = Path(__file__).resolve().parent / "tuning"
 DTYPES = ("float32", "bfloat16", "float16")
 PASSES = ("fwd", "fwd_bwd")
 
-# The heuristic where the store has no timing (see rank_backends): on compute capability 9.x cuDNN's
-# fused attention beats splat's kernels on the masks it takes (H100, causal window 1024: 468 vs 362
-# useful TFLOP/s), so it goes first there. The families are those jax_bindings._cudnn recognises.
+# The heuristic where the store has no timing (see rank_backends): on compute capability 9.x cuDNN
+# goes first on the masks it takes. It was measured 1.3x splat's Triton kernels there (H100, causal
+# window 1024: 468 vs 362 useful TFLOP/s); the generated CUDA kernels are within about 10% of it
+# either way (D = 128 forward 1.01-1.19x, D = 256 forward+backward 0.81-0.93x on H100), so without
+# a timing of the device at hand cuDNN stays the choice that is never far off. The shipped stores
+# rank by their own timings. The families are those jax_bindings._cudnn recognises.
 _PREFERRED_ON_SM9X = "cudnn"
 _CUDNN_FAMILIES = frozenset({"full", "causal", "causal_window"})
 
@@ -307,8 +310,8 @@ def rank_backends(
     S bucket; candidates it times come first, fastest first, then the others in
     their given order. Without data, the heuristic: on a GPU of compute
     capability 9.x, ``"cudnn"`` goes first for the families it takes ("full",
-    "causal", "causal_window"; measured on H100: cuDNN 468 vs splat 362 useful
-    TFLOP/s on a causal window of 1024); otherwise the given (registry) order.
+    "causal", "causal_window": within about 10% of splat's CUDA kernels either way
+    on H100, see ``_PREFERRED_ON_SM9X``); otherwise the given (registry) order.
 
     Example:
       >>> from jax_bindings import _tuning

@@ -518,7 +518,10 @@ def compiled_flex(torch, fa):
     return torch.compile(fa.flex_attention, dynamic=False)
 
 
-def _prep_flex(problem: Problem) -> Prepared:
+def _prep_flex(problem: Problem, soft_cap: float | None = None) -> Prepared:
+    """FlexAttention with the problem's mask as a block mask (its operator form, else a dense
+    table), query heads grouped where K/V have fewer (GQA), and ``soft_cap`` as its ``score_mod``
+    (``cap * tanh(score / cap)``)."""
     torch = _torch_cuda()
     try:
         fa = importlib.import_module("torch.nn.attention.flex_attention")
@@ -541,7 +544,16 @@ def _prep_flex(problem: Problem) -> Prepared:
 
     block_mask = fa.create_block_mask(mask_mod, B=None, H=None, Q_LEN=s, KV_LEN=s, device="cuda")
     flex = compiled_flex(torch, fa)
-    return _torch_prepared(torch, lambda q, k, v: flex(q, k, v, block_mask=block_mask), problem, note)
+    def capped(score, b, h, qi, ki):
+        return soft_cap * torch.tanh(score / soft_cap)
+
+    score_mod = None if soft_cap is None else capped
+    gqa = problem.k.shape[2] != problem.q.shape[2]
+
+    def attend(q, k, v):
+        return flex(q, k, v, block_mask=block_mask, score_mod=score_mod, enable_gqa=gqa)
+
+    return _torch_prepared(torch, attend, problem, note)
 
 
 def _prep_torch_sdpa(problem: Problem) -> Prepared:
