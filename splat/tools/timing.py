@@ -270,10 +270,15 @@ def compile_timed(
     return compiled, launch, sync
 
 
-def chained_ms(fn: Callable, *args, n: int = 10, warmup: int = 2, repeats: int = 5) -> float:
-    """Median milliseconds per call of ``fn(*args)``: ``n`` calls chained in one executable
-    (:func:`chain`, the first output fed back as the first argument), ``per_sample`` launches
-    per sample, synced on the last launch's output (for spikes and scripts)."""
-    _, launch, sync = compile_timed(fn, args, n, {0: 0})
-    t = time_call(None, warmup, repeats, launch=launch, sync=sync, per_sample=n, calls_per_launch=n)
-    return t["ms"]
+def chained_ms(fn: Callable, *args, feed: Mapping[int, int] | None = None, warmup: int = 2,
+               repeats: int = 5) -> float:
+    """Median milliseconds per call of ``fn(*args)`` under the :func:`sampling` policy: calls
+    chained in one executable (:func:`chain`; ``feed`` says which output replaces which argument,
+    by default the first output the first argument), a sample lasting at least the policy's
+    ``min_sample_ms`` so that the launch and the sync stay a small part of short calls (for the
+    tuner, spikes and scripts)."""
+    n, min_ms = sampling()
+    _, launch, sync = compile_timed(fn, args, n, {0: 0} if feed is None else feed)
+    t = time_call(None, warmup, repeats, launch=launch, sync=sync, per_sample=n, calls_per_launch=n,
+                  min_sample_ms=min_ms)
+    return float(t["ms"])

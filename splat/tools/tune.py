@@ -103,31 +103,13 @@ def walked_layout(op: str, layout):
     return transposed(layout) if op == "bwd_dkdv" else layout
 
 
-def chained_ms(fn, args: tuple, feed: dict, repeats: int) -> float:
-    """Median milliseconds per call of ``fn(*args)``, timed as calls chained in one jitted program
-    (:func:`splat.tools.timing.compile_timed`); compiling raises what tracing ``fn`` raises."""
-    per_sample, min_ms = timing.sampling()
-    _, launch, sync = timing.compile_timed(fn, args, per_sample, feed)
-    t = timing.time_call(
-        None,
-        1,
-        repeats,
-        launch=launch,
-        sync=sync,
-        per_sample=per_sample,
-        calls_per_launch=per_sample,
-        min_sample_ms=min_ms,
-    )
-    return float(t["ms"])
-
-
 def time_tiles(op: str, layout, cfg: TuneConfig, tiles, key) -> float:
     """Milliseconds per call of ``op`` with ``tiles`` (median; n calls chained in one program)."""
     from jax_bindings._triton.backend import run_call
 
     call = _call_for(op, layout, cfg, tiles)
     args, feed = _inputs(op, layout, cfg, key)
-    return chained_ms(lambda *a: run_call(call, *a), args, feed, cfg.repeats)
+    return timing.chained_ms(lambda *a: run_call(call, *a), *args, feed=feed, warmup=1, repeats=cfg.repeats)
 
 
 def _key(t) -> str:
@@ -223,7 +205,7 @@ def time_backends(layout, cfg: TuneConfig, key, log=print) -> dict:
             ("fwd_bwd", fwd_bwd, (q, k, v, do), {0: 0}),
         ):
             try:
-                ms = chained_ms(fn, args, feed, cfg.repeats)
+                ms = timing.chained_ms(fn, *args, feed=feed, warmup=1, repeats=cfg.repeats)
             except (NotImplementedError, jax_bindings.BackendUnavailableError) as e:
                 log(f"  {name} {mode}: refused ({str(e)[:120]})")
                 break
