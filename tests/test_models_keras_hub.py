@@ -111,13 +111,7 @@ _TWO_POSITIONS = pytest.mark.xfail(
     "(splat takes one per side)",
 )
 _DECODE = [
-    pytest.param(
-        "gemma",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="Gemma's sliding mask is a dynamic_slice of a constant band at the cache index",
-        ),
-    ),
+    "gemma",  # its sliding band's rows sliced at the cache index: the band at the query positions
     "gemma3",
     "llama",
     pytest.param("mistral", marks=_TWO_POSITIONS),

@@ -4,9 +4,11 @@ Minimal reproductions of the forms model code writes, with no library imported: 
 query and key positions as side inputs (``q_pos >= kv_pos`` and ``kv_pos >= 0``, a KV cache
 decoding at a position known only at run time); Keras's cache mask is ``arange(n, dtype=float)
 + cache_index >= arange(S)``; Gemma ANDs a causal mask on indices with a window on positions
-``cumsum(valid) - 1``. Each becomes a constant mask (recognised by its constructor) taken at the
-positions, which reach ``splat.attention`` as ``q_positions`` / ``kv_positions``; outputs and
-gradients equal the unmodified function's (float32, 1e-5), decode steps included.
+``cumsum(valid) - 1``; keras-hub's Gemma slices a constant band's rows at the cache index
+(``dynamic_slice(band, (cache_index, 0))``). Each becomes a constant mask (recognised by its
+constructor) taken at the positions, which reach ``splat.attention`` as ``q_positions`` /
+``kv_positions``; outputs and gradients equal the unmodified function's (float32, 1e-5), decode
+steps included.
 """
 
 from __future__ import annotations
@@ -160,3 +162,60 @@ def test_attention_positions_argument_matches_dense(rng):
     dup = kp.at[0, 5].set(4)  # two keys at one position: that batch row is NaN, the other exact
     got = splat.attention(q, k, v, masks.causal(), q_positions=qp, kv_positions=dup, backend="jax")
     assert np.isnan(np.asarray(got[0])).all() and np.isfinite(np.asarray(got[1])).all()
+
+
+def _band(s: int):
+    """keras-hub Gemma's sliding band over the whole cache: ``triu(-WIN + 1) & tril(WIN - 1)``."""
+    i, j = jnp.arange(s)[:, None], jnp.arange(s)[None, :]
+    return (j >= i - WIN + 1) & (j <= i + WIN - 1)
+
+
+def sliced_band(q, k, v, cache_index):
+    """The band's rows from the cache index (``ops.slice``: a negative start counts from the end,
+    and ``dynamic_slice`` clamps), alone: the queries' positions are the slice's rows."""
+    start = jnp.where(cache_index < 0, cache_index + k.shape[1], cache_index)
+    rows = jax.lax.dynamic_slice(_band(k.shape[1]), (start, 0), (q.shape[1], k.shape[1]))
+    return _gqa(q, k, v, rows[None].repeat(q.shape[0], 0))
+
+
+def sliced_band_and_cache(q, k, v, cache_index):
+    """keras-hub Gemma in decode: Keras's cache mask (a query position array) AND the band sliced
+    at the same index."""
+    i = jnp.arange(q.shape[1], dtype=jnp.float32) + cache_index.astype(jnp.float32)
+    j = jnp.arange(k.shape[1], dtype=jnp.float32)
+    start = jnp.where(cache_index < 0, cache_index + k.shape[1], cache_index)
+    rows = jax.lax.dynamic_slice(_band(k.shape[1]), (start, 0), (q.shape[1], k.shape[1]))
+    return _gqa(q, k, v, ((i[:, None] >= j[None, :]) & rows)[None].repeat(q.shape[0], 0))
+
+
+@pytest.mark.parametrize("t, index", [(8, 9), (1, 20), (8, 30)], ids=["chunk", "one_token", "clamped"])
+def test_a_constant_sliced_at_the_cache_index_is_the_mask_at_query_positions(rng, t, index):
+    """The slice's rows are the queries' positions, clamped as ``dynamic_slice`` clamps (index 30
+    with 8 queries in 32 rows reads rows 24..31)."""
+    q, k, v = _qkv(rng, t=t)
+    args = (q, k, v, jnp.asarray(index, jnp.int32))
+    _substituted(sliced_band, args, masks.sliding_window(WIN - 1, WIN - 1), ("positions",), True)
+
+
+@pytest.mark.parametrize("t, index", [(8, 9), (1, 20), (8, 30)], ids=["chunk", "one_token", "disagree"])
+def test_a_sliced_constant_and_a_position_array_are_checked_to_agree(rng, t, index):
+    """With a query position array as well, splat runs where the slice's rows equal it; where
+    ``dynamic_slice`` clamps a start past the rows (30 + 8 > 32) they differ and the original
+    attention runs: exact either way."""
+    q, k, v = _qkv(rng, t=t)
+    args = (q, k, v, jnp.asarray(index, jnp.int32))
+    _substituted(sliced_band_and_cache, args, masks.sliding_window(WIN - 1, 0), ("positions",), True)
+
+
+def test_two_slice_starts_stay_dense(rng):
+    q, k, v = _qkv(rng, t=4)
+
+    def two_starts(q, k, v, a, b):
+        band = _band(S)
+        rows = jax.lax.dynamic_slice(band, (a, 0), (4, S)) & jax.lax.dynamic_slice(band, (b, 0), (4, S))
+        return _gqa(q, k, v, rows[None].repeat(B, 0))
+
+    args = (q, k, v, jnp.asarray(3, jnp.int32), jnp.asarray(5, jnp.int32))
+    sf = sparsify(two_starts)
+    assert sf.inspect(*args) == []
+    assert "two different query starts" in sf.problems(*args)[0]

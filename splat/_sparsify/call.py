@@ -71,31 +71,43 @@ def attention_call(
     matched operands.
 
     ``positions`` (:class:`positions.Positions`): pass its arrays as ``q_positions`` /
-    ``kv_positions``; with ``guard.mixed`` they are checked equal to the indices instead, and where
-    they are not the original attention (``guard.nodes``, reading ``guard.reads``) runs.
+    ``kv_positions`` (the queries at ``clamp(start) + i`` where a constant is sliced at a start and
+    no query array exists); with ``guard.mixed`` they are checked equal to the indices instead,
+    and with a query array and a start, the two checked equal; where a check fails the original
+    attention (``guard.nodes``, reading ``guard.reads``) runs.
     """
     sizes, batch, heads, group, t, kv = a.sizes, a.batch, a.heads, a.group, a.t, a.kv
     q_len, kv_len = sizes[t], sizes[kv]
     n_heads, n_group = math.prod(sizes[h] for h in heads), math.prod(sizes[g] for g in group)
     n_rt = len(runtime.vids)
     pos_sides = [] if positions is None else [s for s in ("q", "kv") if getattr(positions, s) is not None]
+    start = None if positions is None else positions.q_start
+    n_pos = len(pos_sides) + (start is not None)
     consts = consts or {}
 
-    def splat_run(qv, kv_arr, vv, rt_vals, pos_vals):
+    def position_arrays(pos_vals):
+        """``(q_positions, kv_positions)`` int32 ``[B, S]`` (or None) from the runtime values."""
         qp = kp = None
-        for side, val in zip(pos_sides, pos_vals, strict=True):
+        for side, val in zip(pos_sides, pos_vals, strict=False):
             lab = getattr(positions, side)[1]
             arr = rt_ops.gather_rows(val, lab, list(batch) + [t if side == "q" else kv], sizes)
             arr = arr.astype(jnp.int32)
             qp, kp = (arr, kp) if side == "q" else (qp, arr)
-        return core(qv, kv_arr, vv, rt_vals, qp, kp)
+        if start is not None and qp is None:
+            b = math.prod(sizes[lab] for lab in batch)
+            qp = jnp.broadcast_to(sliced_rows(pos_vals[-1])[None, :], (b, q_len))
+        return qp, kp
+
+    def sliced_rows(value):
+        """The rows ``lax.dynamic_slice`` reads from a start: clamped, then ``start + i``."""
+        first = jnp.clip(jnp.asarray(value).astype(jnp.int32), 0, start[1])
+        return first + jnp.arange(q_len, dtype=jnp.int32)
 
     def run(qv, kv_arr, vv, *extra):
-        rt_vals, pos_vals = extra[:n_rt], extra[n_rt : n_rt + len(pos_sides)]
-        if guard is None or not guard.mixed:
-            return splat_run(qv, kv_arr, vv, rt_vals, pos_vals)
-        reads = extra[n_rt + len(pos_sides) :]
-        ok = _aligned(pos_vals, rt_vals)
+        rt_vals, pos_vals = extra[:n_rt], extra[n_rt : n_rt + n_pos]
+        if guard is None:
+            return core(qv, kv_arr, vv, rt_vals, *position_arrays(pos_vals))
+        reads = extra[n_rt + n_pos :]
         live = [v for v in guard.reads if v not in consts]
         fixed = {v: consts[v] for v in guard.reads if v in consts}
 
@@ -103,13 +115,20 @@ def attention_call(
             vals = dict(zip(live, args, strict=True))
             return run_nodes(guard.nodes, live, [vals[v] for v in live], fixed, guard.out)
 
-        return jax.lax.cond(ok, lambda args: core(qv, kv_arr, vv, rt_vals, None, None), dense, list(reads))
+        if guard.mixed:
+            ok = _aligned(pos_vals, rt_vals)
+            fast = lambda args: core(qv, kv_arr, vv, rt_vals, None, None)  # noqa: E731
+        else:  # the query positions and the sliced rows must agree
+            qp, kp = position_arrays(pos_vals)
+            ok = jnp.all(qp == sliced_rows(pos_vals[-1])[None, :])
+            fast = lambda args: core(qv, kv_arr, vv, rt_vals, qp, kp)  # noqa: E731
+        return jax.lax.cond(ok, fast, dense, list(reads))
 
     def _aligned(pos_vals, rt_vals):
         """Whether every position equals its index (keys: where the other key terms let them be seen)."""
         ok = jnp.bool_(True)
         kv_ok = rt_ops.key_valid(runtime, rt_vals, batch, t, kv, sizes) if rt_vals else None
-        for side, val in zip(pos_sides, pos_vals, strict=True):
+        for side, val in zip(pos_sides, pos_vals, strict=False):
             lab = getattr(positions, side)[1]
             axis = t if side == "q" else kv
             arr = rt_ops.gather_rows(val, lab, list(batch) + [axis], sizes)

@@ -396,6 +396,8 @@ def match_pv(ir: IR, sl: Slices, pv: Node, backend: str, empty_rows: str = "fall
         raise NotSparsifiable("the attention mask varies along two query axes")
     if not seq and pos is not None and pos.q is not None:  # a one-token query at a position
         seq = [a for x in pos.q[1] for a in lab_ops.atoms(x) if a in q_free]
+    if not seq and pos is not None and pos.q_start is not None:  # one row sliced at a position
+        seq = [lab for lab in q_free if qk_shape[lab] == 1][:1]
     if not seq:
         seq = _sequence_axis(ir, runtime_leaves, q_free, kv, qk_shape)
     t = seq[0]
@@ -404,6 +406,8 @@ def match_pv(ir: IR, sl: Slices, pv: Node, backend: str, empty_rows: str = "fall
     mixed = pos is not None and (
         pos.mixed or (pos.q is not None and t in index_axes) or (pos.kv is not None and kv in index_axes)
     )
+    if mixed and pos.q_start is not None:
+        raise NotSparsifiable("the attention mask slices a constant at a query start and compares indices")
     at_positions = pos is not None and not mixed
     rows = kv_len if at_positions else q_len  # positions index rows of the (Skv, Skv) mask
 
@@ -444,7 +448,9 @@ def match_pv(ir: IR, sl: Slices, pv: Node, backend: str, empty_rows: str = "fall
         )
     group = [lab for lab in q_free if lab != t]
     arrangement = Arrangement(q_lab, k_lab, v_lab, out_labels, batch, heads, group, t, kv, sizes)
-    guard = _Guard(pos, True, *between(ir, {q_vid, k_vid}, out_vid), out_vid) if mixed else None
+    # a sliced constant's rows next to a query position array: the two checked equal at run time
+    agree = pos is not None and pos.q_start is not None and pos.q is not None
+    guard = _Guard(pos, mixed, *between(ir, {q_vid, k_vid}, out_vid), out_vid) if mixed or agree else None
     run = attention_call(
         arrangement,
         layout,
@@ -475,9 +481,9 @@ def match_pv(ir: IR, sl: Slices, pv: Node, backend: str, empty_rows: str = "fall
 
 @dataclass(frozen=True)
 class _Guard:
-    """Positions of one attention; ``mixed``: also index terms, so the call checks at run time
-    that positions equal indices and otherwise runs ``nodes`` (the original dense attention,
-    reading ``reads``)."""
+    """Positions of one attention checked at run time, running ``nodes`` (the original dense
+    attention, reading ``reads``) where the check fails: ``mixed``: also index terms, so positions
+    must equal indices; else the rows a constant is sliced at must equal the query positions."""
 
     positions: Any
     mixed: bool

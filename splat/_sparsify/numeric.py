@@ -157,6 +157,11 @@ class Slices:
     mask built on positions is a constant mask *at* those positions (see ``positions``). While a
     mask is evaluated on a grid (:meth:`at_grid`), it reads the grid's query (key) indices
     directly: a one-token query's axis has size 1, and shape ops would read index 0 there.
+
+    Side "start" marks a scalar computed from the inputs that starts a ``dynamic_slice`` of a
+    constant along the query axis (a constant mask's rows taken at a cache index): the slice's
+    row ``i`` is the constant's row ``start + i``, the query's position, so the slice reads the
+    constant at the query index (on a grid, at the grid's query index).
     """
 
     def __init__(self, ir: IR, index_of: dict[int, tuple[int, str]] | None = None):
@@ -211,8 +216,8 @@ class Slices:
         c = self.constant(vid)
         node = ir.node_of(vid)
         if vid in self.index_of:
-            a = self.index_of[vid][0]
-            d = frozenset([a]) if shape[a] > 1 else frozenset()
+            a, side = self.index_of[vid]
+            d = frozenset([a]) if side != "start" and shape[a] > 1 else frozenset()
         elif c is not None:
             d = frozenset(a for a in range(c.ndim) if c.shape[a] > 1 and np.any(np.take(c, [0], axis=a) != c))
         elif node is None:  # an input or an outer tracer: may vary along every axis
@@ -237,7 +242,7 @@ class Slices:
                     groups = reshape_groups(ir.shape(ins[0]), shape)
                     d = frozenset(o for gi, go in groups if src & set(gi) for o in go if shape[o] > 1)
             elif (
-                name in ("slice", "rev", "convert_element_type")
+                name in ("slice", "dynamic_slice", "rev", "convert_element_type")
                 or name in ELEMENTWISE
                 or name in EXTRA_ELEMENTWISE
             ):
@@ -323,6 +328,9 @@ class Slices:
 
         if name in SHAPE_OPS:
             return self.value(ins[0], operand_index(name, p, ir.shape(ins[0]), shape, idx), memo)
+        if name == "dynamic_slice":
+            query = None if self.grid is None else self.grid[0]
+            return self.value(ins[0], self.slice_index(vid, idx, query), memo)
         if name == "iota":
             return np.asarray(idx[p["dimension"]]).astype(p["dtype"])
         if name == "convert_element_type":
@@ -342,6 +350,25 @@ class Slices:
             return np.asarray(ELEMENTWISE[name](*[same(u) for u in ins]))
         self._materialise(vid)
         return self._value(vid, idx, memo)
+
+    def slice_index(self, vid: int, idx: tuple, query=None) -> tuple:
+        """The operand index that output ``idx`` of ``dynamic_slice`` ``vid`` reads: each start
+        clamped into the operand as ``lax.dynamic_slice`` does, plus the index; along the axis of
+        a "start" (see the class), the query index ``query`` (the grid's, or a symbolic form; by
+        default the axis' own index)."""
+        ir = self.ir
+        node = ir.node_of(vid)
+        in_shape, out_shape = ir.shape(node.ins[0]), ir.shape(vid)
+        src = []
+        for a, u in enumerate(node.ins[1:]):
+            if self.index_of.get(u, (0, ""))[1] == "start":
+                src.append(idx[a] if query is None else query)
+                continue
+            if not self.independent(u):
+                raise NotSparsifiable("the mask slices a constant at a start computed from the inputs")
+            start = int(self.scalar(u))
+            src.append(idx[a] + min(max(start, 0), in_shape[a] - out_shape[a]))
+        return tuple(src)
 
     def scalar(self, vid: int) -> float:
         """The value of a constant that is the same everywhere."""

@@ -24,7 +24,12 @@ Rules:
 - where other constant mask terms are written on *indices* along a side that has positions
   (Gemma ANDs a causal mask on indices with a window on positions), the two agree only where
   the positions equal the indices: :class:`Positions` then says ``mixed`` and the call checks
-  that at run time, running the original dense attention where it does not hold.
+  that at run time, running the original dense attention where it does not hold;
+- a constant mask sliced along the query axis at a start computed from the inputs
+  (``dynamic_slice(band, (cache_index, 0))``, keras-hub's sliding window in decode) is that
+  mask at the query positions ``start + i`` (:attr:`Positions.q_start`); one start per
+  attention, and where a query position array exists too the call checks at run time that the
+  two agree.
 """
 
 from __future__ import annotations
@@ -54,16 +59,22 @@ class Positions:
     ``q``/``kv``: ``(vid, labels)`` of the query / key position array, or None (that side's
     positions are its indices); ``slices``: the :class:`Slices` that reads them as indices;
     ``mixed``: a side with a position array is also compared by its indices in some leaf.
+    ``q_start``: ``(vid, last)`` where a constant mask is sliced along the query axis at a start
+    computed from the inputs (scalar ``vid``; ``lax.dynamic_slice`` clamps it into ``[0, last]``):
+    the queries sit at ``clamp(start) + i``; with a query position array as well, the two must
+    agree, which the call checks at run time.
     """
 
     q: tuple | None
     kv: tuple | None
     slices: Slices
     mixed: bool = False
+    q_start: tuple | None = None
 
     @property
     def vids(self) -> list[int]:
-        return [x[0] for x in (self.q, self.kv) if x is not None]
+        """The runtime values the call takes: the position arrays, then the slice's start."""
+        return [x[0] for x in (self.q, self.kv, self.q_start) if x is not None]
 
 
 def _atoms(lab: Sequence) -> set:
@@ -96,8 +107,8 @@ def find(
         vary across heads, ...).
     """
     q_free = set(q_free)
-    found: dict[str, set] = {"q": set(), "kv": set()}
-    local: dict = {"q": set(), "kv": set(), "q_index": False, "kv_index": False}
+    found: dict[str, set] = {"q": set(), "kv": set(), "start": set()}
+    local: dict = {"q": set(), "kv": set(), "start": set(), "q_index": False, "kv_index": False}
     index_used = {"q": False, "kv": False}
 
     def side(lab) -> str | None:
@@ -120,6 +131,11 @@ def find(
                 local["kv_index"] |= kv in at
             return
         node = ir.node_of(v)
+        if node is not None and node.prim.name == "dynamic_slice" and not arith:
+            start = _query_start(ir, sl, node, lab, q_free)  # a constant's rows at the query positions
+            if start is not None:
+                local["start"].add(start)
+            return
         s = side(lab)
         if s is None and arith and not _atoms(lab) & (q_free | {kv}) and _query_index(ir, sl, v):
             # an index plus a value of the inputs along no sequence axis: a one-token query's
@@ -165,7 +181,7 @@ def find(
                 walk(u, _operand_labels(ir, u, v, lab), arith, depth + 1)
 
     for leaf in leaves:
-        local.update(q=set(), kv=set(), q_index=False, kv_index=False)
+        local.update(q=set(), kv=set(), start=set(), q_index=False, kv_index=False)
         walk(leaf.vid, tuple(leaf.labels), leaf.test is not None)
         # whole numbers only: integers, or floats made of integers and iota (Keras's
         # ``arange(n, dtype=float) + cache_index``); values of q or k are no positions
@@ -173,12 +189,13 @@ def find(
             local[x] = {(v, lab) for v, lab in local[x] if _integral(ir, sl, v)}
         # a position leaf places the query: a key-only term (``kv_pos >= 0``, an integer padding
         # mask under ``> 0``) is padding, whatever its values
-        if local["q"] and (local["kv"] or kv in _atoms(leaf.labels)):
+        if (local["q"] or local["start"]) and (local["kv"] or kv in _atoms(leaf.labels)):
             found["q"] |= local["q"]
             found["kv"] |= local["kv"]
+            found["start"] |= local["start"]
             index_used["q"] |= local["q_index"]
             index_used["kv"] |= local["kv_index"]
-    if not found["q"] and not found["kv"]:
+    if not found["q"] and not found["kv"] and not found["start"]:
         return None
     index_of: dict[int, tuple[int, str]] = {}
     chosen: dict[str, tuple | None] = {"q": None, "kv": None}
@@ -216,7 +233,43 @@ def find(
     # a leaf comparing positions with the other side's *indices* (``arange(S) <= q_pos``) next to
     # one with that side's positions: the two meet only where positions equal indices
     mixed = (index_used["q"] and chosen["q"] is not None) or (index_used["kv"] and chosen["kv"] is not None)
-    return Positions(chosen["q"], chosen["kv"], Slices(ir, index_of), mixed)
+    q_start = None
+    if found["start"]:
+        if len({x[0] for x in found["start"]}) > 1:
+            raise NotSparsifiable("the attention mask slices constants at two different query starts")
+        if mixed or index_used["q"]:
+            raise NotSparsifiable(
+                "the attention mask slices a constant at a query start and also compares query indices"
+            )
+        v, axis, last, rows = next(iter(found["start"]))
+        if rows < size(kv):  # the mask is taken at every position of the keys
+            raise NotSparsifiable(
+                f"the attention mask slices query rows of a constant with {rows} rows, fewer than the "
+                f"{size(kv)} key positions"
+            )
+        index_of[v] = (axis, "start")
+        q_start = (v, last)
+    return Positions(chosen["q"], chosen["kv"], Slices(ir, index_of), mixed, q_start)
+
+
+def _query_start(ir: IR, sl: Slices, node, lab: tuple, q_free: set) -> tuple | None:
+    """``(start vid, axis, last, rows)`` where ``node`` (a ``dynamic_slice``) takes rows of a
+    constant of ``rows`` rows along the query axis from one start computed from the inputs, every
+    other start constant; else None. ``last``: the largest start ``lax.dynamic_slice`` keeps (it
+    clamps)."""
+    operand, starts = node.ins[0], node.ins[1:]
+    if not sl.independent(operand):
+        return None
+    dynamic = [a for a, u in enumerate(starts) if not sl.independent(u)]
+    if len(dynamic) != 1 or len(lab) != len(starts):
+        return None
+    a = dynamic[0]
+    atoms = set(lab_ops.atoms(lab[a]))
+    one_row = not atoms and ir.shape(node.outs[0])[a] == 1  # a one-token query: its axis unlabelled
+    if not one_row and (not atoms or not atoms <= q_free):
+        return None
+    last = ir.shape(operand)[a] - ir.shape(node.outs[0])[a]
+    return starts[a], a, last, ir.shape(operand)[a]
 
 
 def _integral(ir: IR, sl: Slices, v: int, depth: int = 0) -> bool:

@@ -280,6 +280,8 @@ class Symbolic:
 
         if name in SHAPE_OPS:  # a reshape group that merges axes needs // and % of forms: Opaque
             return sub(ins[0], operand_index(name, p, ir.shape(ins[0]), shape, idx))
+        if name == "dynamic_slice":  # constant starts, or a start read at the query's position
+            return sub(ins[0], sl.slice_index(vid, idx, Form(1, 0, 0)))
         if name == "iota":
             return self._aff(idx[p["dimension"]], dtype, vid, idx, [Aff(idx[p["dimension"]])])
         if name == "convert_element_type":
