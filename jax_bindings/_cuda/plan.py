@@ -238,7 +238,7 @@ def offered_bwd_variant(layout: ACSR, head_dim: int, dtype: str, runtime: str = 
     and causal windows of ~500 and more). On H100 it is 1.42-1.52x the Triton backward on dense
     and causal, 1.24x on a causal window of 1024 (18 steps) and 1.02-1.04x on a sliding window
     (256, 256) (11 steps) at S = 8192 and 16384; narrower windows, not measured, go to the next
-    backend. Where the head dim runs wide (:func:`bwd_source.is_wide`: 256, 64-key items),
+    backend. Where the head dim runs wide (:func:`bwd_source.is_wide`: 192 and 256, 64-key items),
     from 9 query blocks (:data:`MIN_WIDE_BWD_BAND_ROWS`): the sliding window (256, 256) at D = 256,
     forward+backward 1.51x the Triton route at S = 8192 on H100 (232 against 154 useful TFLOP/s,
     session 29's run for the latter); narrower, not measured.
