@@ -105,16 +105,11 @@ def test_grad(lm):
     mc.check_grad(hidden, tv, toks, jnp.ones(toks.shape, bool))
 
 
-_TWO_POSITIONS = pytest.mark.xfail(
-    strict=True,
-    reason="the sliding window's mask reads the cache index through a second query position array "
-    "(splat takes one per side)",
-)
 _DECODE = [
     "gemma",  # its sliding band's rows sliced at the cache index: the band at the query positions
     "gemma3",
     "llama",
-    pytest.param("mistral", marks=_TWO_POSITIONS),
+    "mistral",  # a float and an integer query position array, both arange + the cache index
 ]
 
 

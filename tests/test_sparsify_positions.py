@@ -219,3 +219,28 @@ def test_two_slice_starts_stay_dense(rng):
     sf = sparsify(two_starts)
     assert sf.inspect(*args) == []
     assert "two different query starts" in sf.problems(*args)[0]
+
+
+def two_position_arrays(q, k, v, cache_index, other):
+    """keras-hub Mistral: Keras's float cache mask AND a window on an integer ``arange + index``;
+    ``other`` is the second array's index (the same value, or not)."""
+    i = jnp.arange(q.shape[1], dtype=jnp.float32) + cache_index.astype(jnp.float32)
+    j = jnp.arange(k.shape[1], dtype=jnp.float32)
+    ii = jnp.arange(q.shape[1], dtype=jnp.int32)[:, None] + other
+    window = ii < jnp.arange(k.shape[1], dtype=jnp.int32)[None, :] + WIN
+    return _gqa(q, k, v, ((i[:, None] >= j[None, :]) & window)[None].repeat(q.shape[0], 0))
+
+
+def test_two_position_arrays_of_one_cache_index_are_one(rng):
+    q, k, v = _qkv(rng, t=8)
+    index = jnp.asarray(13, jnp.int32)
+    _substituted(lambda q, k, v, c: two_position_arrays(q, k, v, c, c), (q, k, v, index),
+                 masks.sliding_window(WIN - 1, 0), ("positions",), True)
+
+
+def test_position_arrays_of_two_values_stay_dense(rng):
+    q, k, v = _qkv(rng, t=4)
+    args = (q, k, v, jnp.asarray(13, jnp.int32), jnp.asarray(12, jnp.int32))
+    sf = sparsify(two_position_arrays)
+    assert sf.inspect(*args) == []
+    assert "2 different arrays" in sf.problems(*args)[0]

@@ -18,7 +18,9 @@ the arrays' values are passed as ``q_positions`` / ``kv_positions``.
 
 Rules:
 
-- one position array per side (the same array may serve both sides, as Gemma's does);
+- one position array per side (the same array may serve both sides, as Gemma's does), or
+  several that are each ``iota + x`` of one scalar ``x`` of the inputs (keras-hub Mistral reads
+  its cache index into a float and an integer array);
 - a position array must be integer (or float; its values are cast to int32 at run time) and may
   not vary across heads;
 - where other constant mask terms are written on *indices* along a side that has positions
@@ -199,37 +201,42 @@ def find(
         return None
     index_of: dict[int, tuple[int, str]] = {}
     chosen: dict[str, tuple | None] = {"q": None, "kv": None}
-    for s in ("q", "kv"):
-        srcs = found[s]
-        vids = {v for v, _ in srcs}
-        if len(vids) > 1:
-            raise NotSparsifiable(
-                f"the attention mask compares {'query' if s == 'q' else 'key'} positions from "
-                f"{len(vids)} different arrays computed from the inputs; splat takes one array of "
-                "positions per side"
-            )
-        if not srcs:
-            continue
-        v, lab = min(srcs, key=lambda x: len(x[1]))
+
+    def register(v: int, lab: tuple, s: str) -> None:
+        """Reads ``v`` as side ``s``'s index; the first array registered is the one passed."""
         at = _atoms(lab)
         if at - batch - q_free - {kv}:
             raise NotSparsifiable("the attention mask's positions vary along an axis of the heads")
         seq = q_free if s == "q" else {kv}
         axes = [a for a, x in enumerate(lab) if set(lab_ops.atoms(x)) & seq]
+        if chosen[s] is None:
+            chosen[s] = (v, lab)
         if not axes and s == "q":  # a one-token query: the position is the same along any axis
             index_of[v] = (0, "q")
-            chosen[s] = (v, lab)
-            continue
+            return
         if len(axes) != 1 or len(lab_ops.atoms(lab[axes[0]])) != 1:
             raise NotSparsifiable("the attention mask's positions vary along two query axes")
         if v in index_of:  # one array of positions for both sides: read as the index of each
             if index_of[v][0] != axes[0]:
                 raise NotSparsifiable("one position array is read along two different axes")
             index_of[v] = (axes[0], "qk")  # read along its axis (a size-1 axis would read 0)
-            chosen[s] = (v, lab)
-            continue
+            return
         index_of[v] = (axes[0], "q" if s == "q" else "k")
-        chosen[s] = (v, lab)
+
+    for s in ("q", "kv"):
+        srcs = found[s]
+        vids = {v for v, _ in srcs}
+        # several arrays are one only where each is ``iota + x`` of the same value x of the inputs
+        # (Keras's float cache mask beside Mistral's integer window on the same cache index)
+        roots = {_shifted_iota(ir, sl, v) for v in vids}
+        if len(vids) > 1 and (len(roots) > 1 or None in roots):
+            raise NotSparsifiable(
+                f"the attention mask compares {'query' if s == 'q' else 'key'} positions from "
+                f"{len(vids)} different arrays computed from the inputs; splat takes one array of "
+                "positions per side"
+            )
+        for v, lab in sorted(srcs, key=lambda x: (len(x[1]), x[0])):
+            register(v, lab, s)
     # a leaf comparing positions with the other side's *indices* (``arange(S) <= q_pos``) next to
     # one with that side's positions: the two meet only where positions equal indices
     mixed = (index_used["q"] and chosen["q"] is not None) or (index_used["kv"] and chosen["kv"] is not None)
@@ -270,6 +277,31 @@ def _query_start(ir: IR, sl: Slices, node, lab: tuple, q_free: set) -> tuple | N
         return None
     last = ir.shape(operand)[a] - ir.shape(node.outs[0])[a]
     return starts[a], a, last, ir.shape(operand)[a]
+
+
+_PASS = ("broadcast_in_dim", "reshape", "squeeze", "convert_element_type", "copy", "copy_p")
+
+
+def _through(ir: IR, v: int) -> int:
+    """``v`` before the broadcasts, reshapes and casts that made it."""
+    node = ir.node_of(v)
+    while node is not None and node.prim.name in _PASS:
+        v = node.ins[0]
+        node = ir.node_of(v)
+    return v
+
+
+def _shifted_iota(ir: IR, sl: Slices, v: int) -> int | None:
+    """The scalar ``x`` computed from the inputs where ``v`` is ``iota + x`` (through broadcasts,
+    reshapes and casts of whole numbers), else None."""
+    node = ir.node_of(_through(ir, v))
+    if node is None or node.prim.name != "add":
+        return None
+    for x, y in (node.ins, node.ins[::-1]):
+        xn, root = ir.node_of(_through(ir, x)), _through(ir, y)
+        if xn is not None and xn.prim.name == "iota" and not sl.independent(root) and ir.shape(root) == ():
+            return root
+    return None
 
 
 def _integral(ir: IR, sl: Slices, v: int, depth: int = 0) -> bool:
