@@ -88,7 +88,7 @@ def attention_call(
     def position_arrays(pos_vals):
         """``(q_positions, kv_positions)`` int32 ``[B, S]`` (or None) from the runtime values."""
         qp = kp = None
-        for side, val in zip(pos_sides, pos_vals, strict=False):
+        for side, val in zip(pos_sides, pos_vals[: len(pos_sides)], strict=True):
             lab = getattr(positions, side)[1]
             arr = rt_ops.gather_rows(val, lab, list(batch) + [t if side == "q" else kv], sizes)
             arr = arr.astype(jnp.int32)
@@ -128,7 +128,7 @@ def attention_call(
         """Whether every position equals its index (keys: where the other key terms let them be seen)."""
         ok = jnp.bool_(True)
         kv_ok = rt_ops.key_valid(runtime, rt_vals, batch, t, kv, sizes) if rt_vals else None
-        for side, val in zip(pos_sides, pos_vals, strict=False):
+        for side, val in zip(pos_sides, pos_vals[: len(pos_sides)], strict=True):
             lab = getattr(positions, side)[1]
             axis = t if side == "q" else kv
             arr = rt_ops.gather_rows(val, lab, list(batch) + [axis], sizes)

@@ -544,6 +544,7 @@ def _prep_flex(problem: Problem, soft_cap: float | None = None) -> Prepared:
 
     block_mask = fa.create_block_mask(mask_mod, B=None, H=None, Q_LEN=s, KV_LEN=s, device="cuda")
     flex = compiled_flex(torch, fa)
+
     def capped(score, b, h, qi, ki):
         return soft_cap * torch.tanh(score / soft_cap)
 
