@@ -32,10 +32,10 @@ from splat import masks
 decode = pytest.importorskip("jax_bindings._triton.decode", reason="needs triton (the test extra)")
 from jax_bindings._triton.launch import run_numpy  # noqa: E402
 
-TAKEN = [c for c in dc.CASES if c[0] in ("causal", "window", "sinks+window") and c[1] in (64, 128, 256)]
+TAKEN = [c for c in dc.CASES if c[1] in (64, 128, 256)]
 
 
-def _run(x: dc.Inputs, layout, scale, dtype, *, page=0, splits=None, soft_cap=None, rng=None):
+def _run(x: dc.Inputs, layout, scale, dtype, *, page=0, splits=None, soft_cap=None, rng=None, **plan_kw):
     q, k, v = (a.astype(dtype) for a in (x.q, x.k, x.v))
     hk = k.shape[2]
     table = none = np.zeros(1, np.int32)
@@ -53,11 +53,12 @@ def _run(x: dc.Inputs, layout, scale, dtype, *, page=0, splits=None, soft_cap=No
     assert decode.refusal(layout, q.shape, hk, name) is None
     p = decode.plan(q.shape, hk, name, layout, scale, soft_cap, 132, page_size=page,
                     max_pages=table.shape[1] if page else 0, n_pages=k.shape[0] if page else 0, ids=ids,
-                    splits=splits)
-    out, lse = run_numpy(decode.call(p, interpret=True), q, k, v, x.q_pos, x.q_len, x.kv_len,
-                         decode.segment_table(layout), table, *id_args)
-    if p.splits > 1:
-        out, lse = (np.asarray(a) for a in merge_splits(jnp.asarray(out), jnp.asarray(lse), jnp.float32))
+                    splits=splits, **plan_kw)
+    out, lse, part_o, part_l, _ = run_numpy(decode.call(p, interpret=True), q, k, v, x.q_pos, x.q_len,
+                                            x.kv_len, decode.segment_table(layout), table, *id_args)
+    if p.xla_merge:
+        merged = merge_splits(jnp.asarray(part_o), jnp.asarray(part_l), jnp.float32)
+        out, lse = (np.asarray(a) for a in merged)
     return np.asarray(out, np.float64), np.asarray(lse, np.float64), (q, k, v)
 
 
@@ -126,16 +127,51 @@ def test_a_chunk_at_an_offset_runs_on_blocks_of_rows(case, page, rng):
     _check(out, lse, *dc.reference(x.q, x.k, x.v, x.dense, 128**-0.5), np.float32)
 
 
-def test_segment_table_holds_each_rows_runs():
-    layout = splat.analyze(masks.sink(4) | masks.sliding_window(15, 0), 64, 64)
+@pytest.mark.parametrize("mask", [masks.sink(4) | masks.sliding_window(15, 0),
+                                  masks.sink(2) | (masks.dilated_window(9, 3) & masks.causal())],
+                         ids=["runs", "progressions"])
+def test_segment_table_holds_each_rows_keys(mask):
+    layout = splat.analyze(mask, 64, 64)
     table = decode.segment_table(layout)
-    assert table.shape == (64, len(layout.segments), 2)
+    assert table.shape == (64, len(layout.segments), 3)
     dense = layout.to_dense()
     for r in range(64):
         keys = set()
-        for base, count in table[r]:
-            keys |= set(range(base, base + count))
+        for base, count, step in table[r]:
+            keys |= set(range(base, base + count * step, step))
         assert keys == set(np.flatnonzero(dense[r]))
+
+
+@pytest.mark.parametrize("merge", ["kernel", "xla"])
+@pytest.mark.parametrize("share", ["static", "runtime"])
+@pytest.mark.parametrize("name", ["documents", "dilated", "uneven"])
+def test_splits_shared_and_merged_either_way(name, share, merge, rng):
+    """Walks of very different lengths in one call (documents; rows whose caches hold 30 to 1000
+    keys), cut into splits by an equal share of each row's walk or of all rows' walks, merged by
+    the row's last program or by XLA; a dilated mask's progressions besides."""
+    mask = masks.dilated_window(96, 2) & masks.causal() if name == "dilated" else masks.causal()
+    x = dc.inputs(rng, 5, 1, 8, 2, 64, mask, ids="documents" if name == "documents" else None)
+    if name == "uneven":
+        x = dc.inputs(rng, 5, 1, 8, 2, 64, mask)
+        kv_len = np.array([1000, 30, 700, 64, 129], np.int32)
+        pos = (kv_len - 1)[:, None]
+        vis = (np.arange(dc.L)[None, None, :] <= pos[:, :, None])
+        x = x._replace(kv_len=kv_len, q_pos=pos.astype(np.int32), q_len=np.ones(5, np.int32), visible=vis)
+    layout = splat.analyze(mask, dc.L, dc.L)
+    out, lse, _ = _run(x, layout, 0.125, np.float32, splits=None if share == "runtime" else 6, share=share,
+                       merge=merge)
+    _check(out, lse, *dc.reference(x.q, x.k, x.v, x.visible, 0.125), np.float32)
+
+
+def test_runtime_share_follows_the_walks():
+    """The grid holds more splits than one row's walk needs where walks vary at run time, so that
+    a long walk among short ones takes many programs."""
+    layout = splat.analyze(masks.causal(), 32768, 32768)
+    runtime = decode.plan((8, 1, 32, 128), 8, "bfloat16", layout, 0.1, None, 132, share="runtime")
+    static = decode.plan((8, 1, 32, 128), 8, "bfloat16", layout, 0.1, None, 132)
+    assert runtime.splits > static.splits
+    assert runtime.grid[0] * runtime.grid[1] <= decode.SPARE_WAVES * 132 + runtime.grid[1]
+    assert dict(runtime.constexprs)["SLOTS"] == 132 and dict(static.constexprs)["SLOTS"] == 0
 
 
 @pytest.mark.parametrize("page", [0, 16])
@@ -154,11 +190,12 @@ def test_segment_ids(splits, ids, page, rng):
 @pytest.mark.parametrize(
     ("mask", "shape", "match"),
     [
-        (masks.dilated_window(96, 2) & masks.causal(), (1, 1, 8, 128), "strided"),
-        (masks.causal() & masks.strided(8), (1, 1, 8, 128), "strided"),
         (masks.causal(), (1, 1, 8, 96), "head dims"),
+        (masks.causal(), (1, 1, 8, 512), "head dims"),
+        (masks.from_array(np.random.default_rng(0).random((256, 256)) < 0.05), (1, 1, 8, 128),
+         "segments only"),
     ],
-    ids=["dilated", "strided", "head_dim_96"],
+    ids=["head_dim_96", "head_dim_512", "scattered"],
 )
 def test_what_it_refuses_is_named(mask, shape, match):
     layout = splat.analyze(mask, 256, 256)
@@ -167,13 +204,15 @@ def test_what_it_refuses_is_named(mask, shape, match):
 
 
 # The constexpr space's corners: (q shape, kv heads, dtype, mask expression, page size, splits, soft cap
-# or "ids"); the last is a chunk (blocks of rows, 8 warps)
+# or "ids", plan options); the fifth is a chunk (blocks of rows, 8 warps)
 COMPILED = [
-    ((3, 1, 32, 128), 8, "bfloat16", "sink(4) | sliding_window(255, 0)", 0, 4, None),
-    ((2, 4, 8, 64), 2, "float16", "causal()", 16, 1, 30.0),
-    ((2, 16, 8, 256), 8, "bfloat16", "causal()", 64, 3, None),
-    ((2, 2, 8, 128), 2, "float16", "causal()", 0, 2, "ids"),
-    ((1, 300, 8, 128), 2, "bfloat16", "sink(4) | sliding_window(255, 0)", 16, 1, "ids"),
+    ((3, 1, 32, 128), 8, "bfloat16", "sink(4) | sliding_window(255, 0)", 0, 4, None, {}),
+    ((2, 4, 8, 64), 2, "float16", "causal()", 16, 1, 30.0, {}),
+    ((2, 16, 8, 256), 8, "bfloat16", "causal()", 64, 3, None, {}),
+    ((2, 2, 8, 128), 2, "float16", "causal()", 0, 2, "ids", {}),
+    ((1, 300, 8, 128), 2, "bfloat16", "sink(4) | sliding_window(255, 0)", 16, 1, "ids", {}),
+    ((5, 1, 32, 128), 8, "bfloat16", "dilated_window(96, 2) & causal()", 0, None, None, {"share": "runtime"}),
+    ((2, 3, 8, 64), 2, "float16", "causal() & strided(8)", 16, 4, "ids", {"merge": "xla"}),
 ]
 
 _COMPILE = """
@@ -182,15 +221,16 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
 import splat
 from jax_bindings._triton import decode
-for shape, hk, dt, mask, page, splits, cap in json.loads(sys.argv[1]):
+for shape, hk, dt, mask, page, splits, cap, opts in json.loads(sys.argv[1]):
     layout = splat.analyze(splat.masks.parse(mask), 1000, 1000)
     ids = cap == "ids"
     cap = None if ids else cap
     p = decode.plan(tuple(shape), hk, dt, layout, 0.1, cap, 132, page_size=page, max_pages=63 if page else 0,
                     n_pages=200 if page else 0, ids=ids, splits=splits)
-    elem = {"bfloat16": "*bf16", "float16": "*fp16"}[dt]
-    names = ["Q", "K", "V", "QPOS", "QLEN", "KVLEN", "SEG", "TABLE", "QIDS", "KVIDS", "DOC", "OUT", "LSE"]
-    types = [elem] * 3 + ["*i32"] * 8 + [elem if splits == 1 else "*fp32", "*fp32"]
+    ptr = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32", "int32": "*i32"}
+    names = ["Q", "K", "V", "QPOS", "QLEN", "KVLEN", "SEG", "TABLE", "QIDS", "KVIDS", "DOC", "OUT", "LSE",
+             "PART_O", "PART_L", "TICKETS"]
+    types = [ptr[dt]] * 3 + ["*i32"] * 8 + [ptr[o[1]] for o in p.out]
     cx = dict(p.constexprs)
     sig = {**dict(zip(names, types)), **dict.fromkeys(cx, "constexpr")}
     options = {"num_warps": p.num_warps, "num_stages": p.num_stages}

@@ -1,11 +1,11 @@
 """Decode and chunked prefill on Triton: query tokens at run-time positions against a KV cache.
 
-The decode route the numbers favour for layouts whose rows are runs of consecutive keys (causal,
-windows, sinks + window, dense), with or without segment ids: on H200 this loop measured
-1.11-1.52x the CUDA decode kernel (:mod:`jax_bindings._cuda.decode`), which keeps what this one
-refuses: strided segments (dilated, strided masks) and head dims that are no power of two. A
-longer chunk at an offset (chunked prefill) runs the same loop on blocks of rows, for the masks
-the CUDA band kernel does not take (sinks + window, chunked causal, prefix-LM ...).
+The decode route wherever it takes the call (any layout of up to four segments, runs of
+consecutive keys or progressions: causal, windows, sinks + window, dilated and strided masks,
+with or without segment ids): on H200 this loop measured 1.11-1.52x the CUDA decode kernel
+(:mod:`jax_bindings._cuda.decode`), which keeps head dims that are no power of two. A longer
+chunk at an offset (chunked prefill) runs the same loop on blocks of rows, for the masks the
+CUDA band kernel does not take (sinks + window, chunked causal, prefix-LM ...).
 
 Glossary (the kernel's symbols):
 
@@ -16,9 +16,9 @@ Glossary (the kernel's symbols):
   slot ``j % PAGE``; a page id outside ``[0, N_PAGES)`` hides its keys).
 * ``QPOS [B, SQ]``: each token's row of the layout (-1: it sees nothing); ``QLEN``, ``KVLEN``
   ``[B]``: tokens at or past ``QLEN`` are padding, keys at or past ``KVLEN`` are never seen.
-* ``SEG [L, NSEG, 2]``: per layout row, each segment's first key and count (every segment a run of
-  consecutive keys: :func:`refusal` checks it). Token ``t`` sees key ``j`` of segment ``s`` where
-  ``SEG[pos_t, s, 0] <= j < SEG[pos_t, s, 0] + SEG[pos_t, s, 1]``, ``j < KVLEN``.
+* ``SEG [L, NSEG, 3]``: per layout row, each segment's first key, count and stride
+  (:func:`segment_table`). Token ``t`` sees key ``base + u * stride``, ``0 <= u < count``, of
+  each segment of row ``pos_t``, where it is below ``KVLEN``.
 * ``IDS``: segment ids ``QIDS [B, SQ]``, ``KVIDS [B, L]`` (over logical key positions): a token
   sees only keys of its id, and walks only ``DOC [B, SQ, 2]``, the keys its document may hold
   (:func:`jax_bindings._id_runs.document_keys`: the document's run where a row's ids are sorted,
@@ -27,14 +27,22 @@ Glossary (the kernel's symbols):
   (token, head of the group), ``BLOCK_M`` of them (at least 16, for ``tl.dot``): in decode one
   block holds every token's rows, so a K/V tile is read once for all ``G`` heads and ``SQ``
   tokens; a longer chunk (chunked prefill) takes blocks of 128 rows, one program each. Per
-  segment it walks the tiles of ``BLOCK_N`` keys over the union of its rows' runs; the row's own
-  run masks each score. The tiles of all segments, in
-  order, are cut into ``NUM_SPLITS`` equal shares (flash-decoding), one a program.
+  segment it walks the tiles of ``BLOCK_N`` keys over the union of its rows' keys: with the
+  segment's stride where every row steps alike from one residue (one decode token of a dilated
+  mask), else key by key; each row's own keys mask its scores.
+* Splits (flash-decoding): the tiles of all segments, in order, are cut into shares, one a
+  program. ``SLOTS = 0``: ``NUM_SPLITS`` equal shares of the row's walk. ``SLOTS > 0`` (decode):
+  every program's share is all rows' tiles over ``SLOTS`` (at least ``MIN_TILES``), as the
+  run-time positions make the walks, so a long walk among short ones (a long document, a long
+  cache in a batch of short ones) takes more programs; ``NUM_SPLITS`` bounds them.
 * Online softmax in base 2 (``SCALE_LOG2 = scale * log2(e)`` folded into the scores; with a soft
-  cap ``CAP``, ``z = scale * q.k`` becomes ``CAP * tanh(z / CAP)`` first). ``NUM_SPLITS == 1``
-  writes ``out`` and ``lse [B, H, SQ]`` (natural log) at once; otherwise float32 partials, each
-  normalised by its own sum, ``[B, SQ, H, S, D]`` and their ``lse [B, SQ, H, S]``, merged by
-  :func:`jax_bindings._split_merge.merge_splits` in a fixed order (bit-identical reruns).
+  cap ``CAP``, ``z = scale * q.k`` becomes ``CAP * tanh(z / CAP)`` first). A row block walked by
+  one program writes ``out`` and ``lse [B, H, SQ]`` (natural log) at once. Otherwise each split
+  writes its rows normalised by its own sum to float32 ``PART_O [B * SQ * H, NUM_SPLITS, D]``
+  and their lse to ``PART_L``, and takes a ticket (``TICKETS``, zeroed by the launch); the last
+  to arrive merges the splits in split order (``MERGE``; or, without it, ``PART_O, PART_L`` are
+  ``[B, SQ, H, NUM_SPLITS(, D)]`` for :func:`jax_bindings._split_merge.merge_splits`). The
+  sums do not depend on which split arrives last: reruns are bit-identical.
 * A row that sees no key outputs 0 and lse ``-inf``.
 """
 
@@ -44,6 +52,7 @@ import dataclasses
 import functools
 import math
 import os
+import types
 
 import numpy as np
 import triton
@@ -60,23 +69,65 @@ _LOG2E = tl.constexpr(LOG2E)
 _LN2 = tl.constexpr(0.6931471805599453)
 
 
+def _run(SEG, seg_row, s, live, doc_lo, doc_hi, NSEG: tl.constexpr, IDS: tl.constexpr,
+         STRIDED: tl.constexpr):
+    """Segment ``s`` of the rows at ``seg_row`` (elementwise, any shape): its first key, the end of
+    its keys (exclusive), its stride, and whether it holds a key; cut to the row's document."""
+    base = tl.load(SEG + seg_row + 3 * s, mask=live, other=0)
+    count = tl.load(SEG + seg_row + 3 * s + 1, mask=live, other=0)
+    if STRIDED:
+        step = tl.maximum(tl.load(SEG + seg_row + 3 * s + 2, mask=live, other=1), 1)
+    else:
+        step = count * 0 + 1
+    first = base
+    end = base + tl.maximum(count - 1, 0) * step + 1
+    if IDS:
+        first = base + tl.cdiv(tl.maximum(doc_lo - base, 0), step) * step
+        end = tl.minimum(end, doc_hi)
+    has = live & (count > 0) & (end > first)
+    return first, end, step, has
+
+
+def _union(first, end, step, has, kv_len, AXIS: tl.constexpr, STRIDED: tl.constexpr,
+           BLOCK_N: tl.constexpr):
+    """The walk over the union of the runs along ``AXIS``: its first key, its end (clipped to
+    ``kv_len``), its stride (the runs' common one where they all step alike from one residue,
+    else 1: every key, each run masking its own) and its tiles of ``BLOCK_N`` keys."""
+    lo = tl.min(tl.where(has, first, 2147483647), AXIS)
+    hi = tl.minimum(tl.max(tl.where(has, end, 0), AXIS), kv_len)
+    keys = tl.maximum(hi - lo, 0)
+    if STRIDED:
+        w_lo = tl.min(tl.where(has, step, 2147483647), AXIS)
+        w_hi = tl.max(tl.where(has, step, 0), AXIS)
+        r_lo = tl.min(tl.where(has, first % step, 2147483647), AXIS)
+        r_hi = tl.max(tl.where(has, first % step, -1), AXIS)
+        walk = tl.where((w_lo == w_hi) & (r_lo == r_hi), w_hi, 1)
+        keys = tl.cdiv(keys, walk)
+    else:
+        walk = lo * 0 + 1
+    return lo, hi, walk, tl.cdiv(keys, BLOCK_N)
+
+
 def _kernel(
-    Q, K, V, QPOS, QLEN, KVLEN, SEG, TABLE, QIDS, KVIDS, DOC, OUT, LSE,
-    IDS: tl.constexpr, SCALE_LOG2: tl.constexpr, CAP: tl.constexpr, SQ: tl.constexpr, H: tl.constexpr,
-    HK: tl.constexpr, D: tl.constexpr, NSEG: tl.constexpr, L: tl.constexpr, PAGE: tl.constexpr,
-    MAX_PAGES: tl.constexpr, N_PAGES: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    Q, K, V, QPOS, QLEN, KVLEN, SEG, TABLE, QIDS, KVIDS, DOC, OUT, LSE, PART_O, PART_L, TICKETS,
+    IDS: tl.constexpr, SCALE_LOG2: tl.constexpr, CAP: tl.constexpr, B: tl.constexpr, SQ: tl.constexpr,
+    H: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, NSEG: tl.constexpr, STRIDED: tl.constexpr,
+    L: tl.constexpr, PAGE: tl.constexpr, MAX_PAGES: tl.constexpr, N_PAGES: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, SLOTS: tl.constexpr, MIN_TILES: tl.constexpr, B_P2: tl.constexpr,
+    SQ_P2: tl.constexpr, MERGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):  # fmt: skip
     G: tl.constexpr = H // HK
     tl.static_assert(BLOCK_M >= 16, "tl.dot takes 16 rows or more")
     pid_s = tl.program_id(0)
     pid_bh = tl.program_id(1)
+    pid_r = tl.program_id(2)
     b = pid_bh // HK
     hk = pid_bh % HK
     b64 = b.to(tl.int64)
 
     # -- the tile's rows: (token, head of the group), the pid_r-th BLOCK_M of them; which see keys
-    offs_m = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_m = pid_r * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D)
     tok = offs_m // G
     head = hk * G + offs_m % G
@@ -85,9 +136,10 @@ def _kernel(
     kv_len = tl.load(KVLEN + b)
     pos = tl.load(QPOS + b * SQ + tok, mask=row_ok, other=-1)
     live = row_ok & (tok < q_len) & (pos >= 0) & (pos < L)
-    seg_row = tl.where(live, pos, 0).to(tl.int64) * (NSEG * 2)
+    seg_row = tl.where(live, pos, 0).to(tl.int64) * (NSEG * 3)
     q_rows = (b64 * SQ + tok) * H + head
-    q = tl.load(Q + q_rows[:, None] * D + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    doc_lo = 0
+    doc_hi = 0
     if IDS:  # a token's segment id and the keys its document may hold
         qid = tl.load(QIDS + b64 * SQ + tok, mask=row_ok, other=0)
         doc_lo = tl.load(DOC + (b64 * SQ + tok) * 2, mask=row_ok, other=0)
@@ -96,37 +148,49 @@ def _kernel(
     # -- the walk: per segment, the union of the rows' runs (clipped to kv_len) in whole tiles
     total = 0
     for s in tl.static_range(NSEG):
-        base = tl.load(SEG + seg_row + 2 * s, mask=live, other=0)
-        end = base + tl.load(SEG + seg_row + 2 * s + 1, mask=live, other=0)
+        first, end, step, has = _run(SEG, seg_row, s, live, doc_lo, doc_hi, NSEG, IDS, STRIDED)
+        total += _union(first, end, step, has, kv_len, 0, STRIDED, BLOCK_N)[3]
+
+    # -- the walk's share of each program. SLOTS > 0: the programs' share of every row's tiles (one
+    # wave of SLOTS programs, MIN_TILES at least), so short walks take few programs and long ones
+    # many; else NUM_SPLITS equal shares of this row's walk
+    if SLOTS > 0:
+        ob = tl.arange(0, B_P2)[:, None]
+        ot = tl.arange(0, SQ_P2)[None, :]
+        ok = (ob < B) & (ot < SQ)
+        pos_all = tl.load(QPOS + ob * SQ + ot, mask=ok, other=-1)
+        live_all = ok & (ot < tl.load(QLEN + ob, mask=ob < B, other=0)) & (pos_all >= 0) & (pos_all < L)
+        row_all = tl.where(live_all, pos_all, 0).to(tl.int64) * (NSEG * 3)
+        kv_all = tl.load(KVLEN + tl.arange(0, B_P2), mask=tl.arange(0, B_P2) < B, other=0)
+        lo_all = 0
+        hi_all = 0
         if IDS:
-            base = tl.maximum(base, doc_lo)
-            end = tl.minimum(end, doc_hi)
-        has = live & (end > base)
-        lo = tl.min(tl.where(has, base, 2147483647), 0)
-        hi = tl.minimum(tl.max(tl.where(has, end, 0), 0), kv_len)
-        total += tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_N)
-    per_split = tl.cdiv(total, NUM_SPLITS)
+            lo_all = tl.load(DOC + (ob * SQ + ot) * 2, mask=ok, other=0)
+            hi_all = tl.load(DOC + (ob * SQ + ot) * 2 + 1, mask=ok, other=0)
+        work = 0
+        for s in tl.static_range(NSEG):
+            first, end, step, has = _run(SEG, row_all, s, live_all, lo_all, hi_all, NSEG, IDS, STRIDED)
+            work += tl.sum(_union(first, end, step, has, kv_all, 1, STRIDED, BLOCK_N)[3], 0)
+        share = tl.maximum(work * HK // SLOTS, MIN_TILES)
+        used = tl.minimum(tl.maximum(total // share, 1), NUM_SPLITS)
+    else:
+        used = tl.maximum(tl.cdiv(total, tl.cdiv(tl.maximum(total, 1), NUM_SPLITS)), 1)
+    per_split = tl.cdiv(total, used)
     t0 = pid_s * per_split
     t1 = tl.minimum(t0 + per_split, total)
 
+    q = tl.load(Q + q_rows[:, None] * D + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     done = 0  # tiles of the segments before this one
     for s in tl.static_range(NSEG):
-        base = tl.load(SEG + seg_row + 2 * s, mask=live, other=0)
-        end = base + tl.load(SEG + seg_row + 2 * s + 1, mask=live, other=0)
-        if IDS:
-            base = tl.maximum(base, doc_lo)
-            end = tl.minimum(end, doc_hi)
-        has = live & (end > base)
-        lo = tl.min(tl.where(has, base, 2147483647), 0)
-        hi = tl.minimum(tl.max(tl.where(has, end, 0), 0), kv_len)
-        n = tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_N)
-        first = tl.minimum(tl.maximum(t0 - done, 0), n)
-        last = tl.minimum(tl.maximum(t1 - done, 0), n)
-        for t in tl.range(first, last):
-            offs_n = lo + t * BLOCK_N + tl.arange(0, BLOCK_N)
+        first, end, step, has = _run(SEG, seg_row, s, live, doc_lo, doc_hi, NSEG, IDS, STRIDED)
+        lo, hi, walk, n = _union(first, end, step, has, kv_len, 0, STRIDED, BLOCK_N)
+        t_first = tl.minimum(tl.maximum(t0 - done, 0), n)
+        t_last = tl.minimum(tl.maximum(t1 - done, 0), n)
+        for t in tl.range(t_first, t_last):
+            offs_n = lo + (t * BLOCK_N + tl.arange(0, BLOCK_N)) * walk
             kv_ok = offs_n < hi
             if PAGE == 0:
                 rows = (b64 * L + offs_n) * HK + hk
@@ -142,8 +206,10 @@ def _kernel(
                 sc = CAP * _LOG2E * (1.0 - 2.0 / (tl.math.exp2(z * (2.0 * _LOG2E)) + 1.0))
             else:
                 sc = sc * SCALE_LOG2
-            seen = kv_ok[None, :] & (offs_n[None, :] >= base[:, None]) & (offs_n[None, :] < end[:, None])
+            seen = kv_ok[None, :] & (offs_n[None, :] >= first[:, None]) & (offs_n[None, :] < end[:, None])
             seen = seen & has[:, None]
+            if STRIDED:
+                seen = seen & ((offs_n[None, :] - first[:, None]) % step[:, None] == 0)
             if IDS:
                 kid = tl.load(KVIDS + b64 * L + offs_n, mask=kv_ok, other=0)
                 seen = seen & (qid[:, None] == kid[None, :])
@@ -163,24 +229,71 @@ def _kernel(
     seen_any = l_i > 0.0
     o = acc / tl.where(seen_any, l_i, 1.0)[:, None]
     lse = tl.where(seen_any, (m_i + tl.math.log2(tl.where(seen_any, l_i, 1.0))) * _LN2, float("-inf"))
+    o_ptrs = OUT + q_rows[:, None] * D + offs_d[None, :]
+    lse_ptrs = LSE + (b64 * H + head) * SQ + tok
     if NUM_SPLITS == 1:
-        o_ptrs = OUT + q_rows[:, None] * D + offs_d[None, :]
         tl.store(o_ptrs, o.to(OUT.dtype.element_ty), mask=row_ok[:, None])
-        tl.store(LSE + (b64 * H + head) * SQ + tok, lse, mask=row_ok)
-    else:
+        tl.store(lse_ptrs, lse, mask=row_ok)
+    elif not MERGE:  # every split's rows, merged by jax_bindings._split_merge
         part = q_rows * NUM_SPLITS + pid_s
-        tl.store(OUT + part[:, None] * D + offs_d[None, :], o, mask=row_ok[:, None])
-        tl.store(LSE + part, lse, mask=row_ok)
+        tl.store(PART_O + part[:, None] * D + offs_d[None, :], o, mask=row_ok[:, None])
+        tl.store(PART_L + part, lse, mask=row_ok)
+    elif used == 1:
+        if pid_s == 0:
+            tl.store(o_ptrs, o.to(OUT.dtype.element_ty), mask=row_ok[:, None])
+            tl.store(lse_ptrs, lse, mask=row_ok)
+    elif pid_s < used:
+        # each split leaves its rows and takes a ticket; the last to arrive merges them all in split
+        # order, so the sums, and the output, do not depend on which split finishes last
+        part = q_rows * NUM_SPLITS + pid_s
+        tl.store(PART_O + part[:, None] * D + offs_d[None, :], o, mask=row_ok[:, None])
+        tl.store(PART_L + part, lse, mask=row_ok)
+        tl.debug_barrier()
+        ticket = tl.atomic_add(TICKETS + pid_bh * tl.num_programs(2) + pid_r, 1, sem="acq_rel")
+        if ticket == used - 1:
+            top = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            for split in range(0, used):
+                top = tl.maximum(top, tl.load(PART_L + q_rows * NUM_SPLITS + split, mask=row_ok,
+                                              other=float("-inf"), cache_modifier=".cg"))
+            top = tl.where(top == float("-inf"), 0.0, top)
+            den = tl.zeros([BLOCK_M], tl.float32)
+            acc = tl.zeros([BLOCK_M, D], tl.float32)
+            for split in range(0, used):
+                part = q_rows * NUM_SPLITS + split
+                lse_s = tl.load(PART_L + part, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
+                w = tl.exp(lse_s - top)
+                o_s = tl.load(PART_O + part[:, None] * D + offs_d[None, :], mask=row_ok[:, None], other=0.0,
+                              cache_modifier=".cg")
+                den = den + w
+                acc = acc + o_s * w[:, None]
+            has_any = den > 0.0
+            o = tl.where(has_any[:, None], acc / tl.where(has_any, den, 1.0)[:, None], 0.0)
+            lse = tl.where(has_any, top + tl.log(tl.where(has_any, den, 1.0)), float("-inf"))
+            tl.store(o_ptrs, o.to(OUT.dtype.element_ty), mask=row_ok[:, None])
+            tl.store(lse_ptrs, lse, mask=row_ok)
+
+
+def _in_mode(fn, namespace: dict):
+    """``fn`` as a new function whose globals are ``namespace`` (so it calls the helpers jitted in
+    the same mode), with its annotations, which mark its constexprs for Triton's launcher."""
+    copy = types.FunctionType(fn.__code__, namespace, fn.__name__, fn.__defaults__, fn.__closure__)
+    copy.__annotations__ = dict(fn.__annotations__)
+    copy.__doc__ = fn.__doc__
+    return copy
 
 
 @functools.cache
 def kernel(interpret: bool):
     """The kernel as ``triton.jit`` makes it with ``TRITON_INTERPRET`` set to ``interpret``
-    (Triton picks compiled or interpreted when it decorates)."""
+    (Triton picks compiled or interpreted when it decorates, and a kernel calls only helpers
+    jitted in its own mode)."""
     old = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
     try:
-        return triton.jit(_kernel)
+        namespace = dict(globals())
+        for helper in (_run, _union):
+            namespace[helper.__name__] = triton.jit(_in_mode(helper, namespace))
+        return triton.jit(_in_mode(_kernel, namespace))
     finally:
         if old is None:
             os.environ.pop("TRITON_INTERPRET", None)
@@ -190,8 +303,8 @@ def kernel(interpret: bool):
 
 def refusal(layout: ACSR, q_shape, kv_heads: int, dtype: str) -> str | None:
     """Why this kernel does not take a call (None: it does): layouts of at most
-    :data:`MAX_SEGMENTS` segments of consecutive keys, square (a cache's), no residual or grid;
-    head dims that are powers of two from 16 to 256."""
+    :data:`MAX_SEGMENTS` segments, square (a cache's), no residual or grid; head dims that are
+    powers of two from 16 to 256."""
     b, sq, h, d = q_shape
     if layout.grid is not None or layout.residual is not None:
         return "the triton decode kernel walks segments only (no grid layout, no block residual)"
@@ -199,8 +312,6 @@ def refusal(layout: ACSR, q_shape, kv_heads: int, dtype: str) -> str | None:
         return f"the triton decode kernel walks 1-{MAX_SEGMENTS} segments, not {len(layout.segments)}"
     if layout.q_len != layout.kv_len:
         return f"the triton decode kernel takes a cache's square layout, not {layout.q_len} x {layout.kv_len}"
-    if not consecutive(layout):
-        return "the triton decode kernel walks runs of consecutive keys; this layout has strided segments"
     if d < 16 or d > 256 or d & (d - 1):
         return f"the triton decode kernel takes head dims that are powers of two in [16, 256], not {d}"
     if dtype not in ("bfloat16", "float16", "float32"):
@@ -217,16 +328,17 @@ def preferred(layout: ACSR, q_shape, kv_heads: int, dtype: str) -> bool:
 
 
 @functools.lru_cache(maxsize=32)
-def consecutive(layout: ACSR) -> bool:
-    """Whether every segment of every row is a run of consecutive keys (stride 1 where it holds
-    two keys or more)."""
-    return all(bool(np.all((s.stride == 1) | (s.count <= 1))) for s in layout.segments)
+def strided(layout: ACSR) -> bool:
+    """Whether some segment of some row steps by more than one key (dilated, strided masks)."""
+    return any(bool(np.any((s.stride > 1) & (s.count > 1))) for s in layout.segments)
 
 
 @functools.lru_cache(maxsize=32)
 def segment_table(layout: ACSR) -> np.ndarray:
-    """int32 ``[L, NSEG, 2]``: each row's segments as (first key, count) (the kernel's ``SEG``)."""
-    return np.stack([np.stack([s.base, s.count], axis=-1) for s in layout.segments], axis=1).astype(np.int32)
+    """int32 ``[L, NSEG, 3]``: each row's segments as (first key, count, stride) (the kernel's
+    ``SEG``; the stride of a segment of one key or none is 1)."""
+    cols = [np.stack([s.base, s.count, np.where(s.count > 1, s.stride, 1)], axis=-1) for s in layout.segments]
+    return np.stack(cols, axis=1).astype(np.int32)
 
 
 def block_n_for(d: int, itemsize: int, stages: int) -> int:
@@ -261,7 +373,9 @@ def splits_for(programs: int, tiles: int, sm_count: int, occupancy: int, max_spl
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """One call's launch: grid ``(splits, B * HK, row blocks)``, the constexprs and the outputs."""
+    """One call's launch: grid ``(splits, B * HK, row blocks)``, the constexprs and the outputs
+    (``out, lse``, the splits' rows and log-sum-exps, the tickets), and whether the outputs are
+    the splits' rows for :func:`jax_bindings._split_merge.merge_splits` (``xla_merge``)."""
 
     grid: tuple[int, int, int]
     splits: int
@@ -269,15 +383,34 @@ class Plan:
     out: tuple[tuple[tuple[int, ...], str], ...]
     num_warps: int = 4
     num_stages: int = 3
+    xla_merge: bool = False
+
+    @property
+    def zeroed(self) -> tuple[int, ...]:
+        """The outputs that start at zero: the tickets, where the kernel merges splits."""
+        return (4,) if self.splits > 1 and not self.xla_merge else ()
+
+
+# the share of the walk each program takes where walks vary at run time: a wave of programs over
+# every row's tiles, but at least MIN_TILES a program; the grid holds up to SPARE_WAVES waves
+MIN_TILES = 4
+SPARE_WAVES = 2
 
 
 def plan(q_shape, kv_heads: int, dtype: str, layout: ACSR, scale: float, soft_cap, sm_count: int, *,
          page_size: int = 0, max_pages: int = 0, n_pages: int = 0, ids: bool = False,
-         splits: int | None = None) -> Plan:
+         splits: int | None = None, share: str = "static", merge: str = "kernel") -> Plan:
     """The launch of a call :func:`refusal` takes (``page_size`` 0: a contiguous cache): decode's
     one block of every (token, head) row, up to :data:`DECODE_ROWS` rows (4 warps, keys in tiles of
     :func:`block_n_for`); a longer chunk's blocks of 128 rows, 8 warps (two warpgroups' products)
-    and tiles of 64 keys, as a prefill kernel's."""
+    and tiles of 64 keys, as a prefill kernel's.
+
+    ``share``: ``"static"``, each row's walk in ``splits`` equal shares; ``"runtime"``, programs
+    of an equal share of all rows' walks as the run-time positions make them, so a row's programs
+    follow its own walk's length (decode, where every program can read all rows' positions: at
+    most 4096 tokens a call, rounded up to powers of two; else static). ``merge``: the splits
+    merged by the row's last program (``"kernel"``) or by
+    :func:`jax_bindings._split_merge.merge_splits` (``"xla"``)."""
     b, sq, h, d = q_shape
     itemsize = 4 if dtype == "float32" else 2
     rows = sq * (h // kv_heads)
@@ -289,25 +422,47 @@ def plan(q_shape, kv_heads: int, dtype: str, layout: ACSR, scale: float, soft_ca
         warps, block_m, block_n = 8, 128, min(64, block_n_for(d, itemsize, stages))
     row_blocks = -(-rows // block_m)
     nseg = len(layout.segments)
+    programs = b * kv_heads * row_blocks
+    occupancy = programs_per_sm(block_n, d, itemsize, stages, warps)
+    tiles = -(-int(layout.row_counts().max(initial=0)) // block_n) + nseg
+    slots = 0
+    readable = triton.next_power_of_2(b) * triton.next_power_of_2(sq) <= 4096
+    if share == "runtime" and row_blocks == 1 and readable:
+        slots = sm_count * occupancy
+        if splits is None:
+            splits = max(1, min(128, tiles // MIN_TILES, -(-SPARE_WAVES * slots // programs)))
+    elif share not in ("static", "runtime"):
+        raise ValueError(f"share must be 'static' or 'runtime', not {share!r}")
     if splits is None:
-        tiles = -(-int(layout.row_counts().max(initial=0)) // block_n) + nseg
-        occupancy = programs_per_sm(block_n, d, itemsize, stages, warps)
-        splits = splits_for(b * kv_heads * row_blocks, tiles, sm_count, occupancy)
+        splits = splits_for(programs, tiles, sm_count, occupancy)
+    if merge not in ("kernel", "xla"):
+        raise ValueError(f"merge must be 'kernel' or 'xla', not {merge!r}")
+    xla_merge = merge == "xla" and splits > 1
     cx = (("IDS", bool(ids)), ("SCALE_LOG2", float(scale) * LOG2E), ("CAP", float(soft_cap or 0.0)),
-          ("SQ", sq), ("H", h), ("HK", kv_heads), ("D", d), ("NSEG", nseg), ("L", layout.kv_len),
-          ("PAGE", page_size), ("MAX_PAGES", max_pages), ("N_PAGES", n_pages), ("NUM_SPLITS", splits),
-          ("BLOCK_M", block_m), ("BLOCK_N", block_n),
+          ("B", b), ("SQ", sq), ("H", h), ("HK", kv_heads), ("D", d), ("NSEG", nseg),
+          ("STRIDED", strided(layout)), ("L", layout.kv_len), ("PAGE", page_size), ("MAX_PAGES", max_pages),
+          ("N_PAGES", n_pages), ("NUM_SPLITS", splits), ("SLOTS", slots), ("MIN_TILES", MIN_TILES),
+          ("B_P2", triton.next_power_of_2(b)), ("SQ_P2", triton.next_power_of_2(sq)),
+          ("MERGE", not xla_merge), ("BLOCK_M", block_m), ("BLOCK_N", block_n),
           ("PRECISION", "ieee" if dtype == "float32" else "tf32"))
+    one = ((1,), "float32")
+    final = (((b, sq, h, d), dtype), ((b, h, sq), "float32"))
     if splits == 1:
-        out = (((b, sq, h, d), dtype), ((b, h, sq), "float32"))
+        out = (*final, one, one, ((1,), "int32"))
+    elif xla_merge:
+        out = (((1,), dtype), one, ((b, sq, h, splits, d), "float32"), ((b, sq, h, splits), "float32"),
+               ((1,), "int32"))
     else:
-        out = (((b, sq, h, splits, d), "float32"), ((b, sq, h, splits), "float32"))
-    return Plan((splits, b * kv_heads, row_blocks), splits, cx, out, warps, stages)
+        out = (*final, ((b * sq * h, splits, d), "float32"), ((b * sq * h, splits), "float32"),
+               ((programs,), "int32"))
+    return Plan((splits, b * kv_heads, row_blocks), splits, cx, out, warps, stages, xla_merge)
 
 
 def call(p: Plan, interpret: bool = False) -> Call:
     """The launch of ``p`` for :func:`jax_bindings._triton.backend.run_call` (JAX) or
     :func:`jax_bindings._triton.launch.run_numpy` (the interpreter). Operands, in order: ``q, k,
     v, q_pos, q_len, kv_len, seg`` (:func:`segment_table`) ``, table, q_ids, kv_ids, doc`` (each
-    ``[1]`` where absent)."""
-    return Call(kernel(interpret), p.grid, (), p.out, dict(p.constexprs), p.num_warps, p.num_stages, p)
+    ``[1]`` where absent). Outputs: ``out, lse, part_o, part_l, tickets``; with ``p.xla_merge``
+    the splits' rows ``part_o, part_l`` for :func:`jax_bindings._split_merge.merge_splits`."""
+    return Call(kernel(interpret), p.grid, (), p.out, dict(p.constexprs), p.num_warps, p.num_stages, p,
+                zeroed=p.zeroed)

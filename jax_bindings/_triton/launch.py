@@ -77,12 +77,14 @@ def run_numpy(call: Call, *data: np.ndarray, poison: bool = True) -> list[np.nda
     """Runs ``call`` under Triton's interpreter on numpy arrays; returns the outputs.
 
     The kernel module must have been loaded with ``interpret=True``. Outputs
-    start poisoned (NaN / a sentinel) so unwritten elements show up.
+    start poisoned (NaN, or -1 for integers) so unwritten elements show up, except those the call
+    zeroes (``call.zeroed``).
     """
     outs = []
-    for shape, dt in call.out:
+    for i, (shape, dt) in enumerate(call.out):
         a = np.empty(shape, _np_dtype(dt))
-        a[...] = np.nan if poison else 0
+        poisoned = -1 if np.issubdtype(a.dtype, np.integer) else np.nan
+        a[...] = 0 if (not poison or i in call.zeroed) else poisoned
         outs.append(a)
     args = [_HostArray(np.ascontiguousarray(x)) for x in (*data, *call.meta)] + [_HostArray(o) for o in outs]
     old = os.environ.get("TRITON_INTERPRET")
@@ -117,9 +119,11 @@ def run_torch(call: Call, *data):
     import torch
 
     dev = data[0].device
-    dts = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+    dts = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+           "int32": torch.int32}
     meta = _torch_meta(call, dev)
-    outs = [torch.empty(shape, dtype=dts[dt], device=dev) for shape, dt in call.out]
+    outs = [(torch.zeros if i in call.zeroed else torch.empty)(shape, dtype=dts[dt], device=dev)
+            for i, (shape, dt) in enumerate(call.out)]
     call.kernel[call.grid](
         *data, *meta, *outs, num_warps=call.num_warps, num_stages=call.num_stages, **call.constexprs
     )

@@ -23,7 +23,8 @@ from jax_bindings._triton.spec import Plan, plan, transposed
 
 @dataclass(frozen=True, eq=False)
 class Call:
-    """One kernel launch: ``kernel[grid](*data, *meta, *outputs, **constexprs)``."""
+    """One kernel launch: ``kernel[grid](*data, *meta, *outputs, **constexprs)``; the outputs at
+    ``zeroed`` (indices into ``out``) start at zero, the others undefined."""
 
     kernel: Any
     grid: tuple[int, ...]
@@ -33,6 +34,7 @@ class Call:
     num_warps: int
     num_stages: int
     plan: Plan = field(repr=False)
+    zeroed: tuple[int, ...] = ()
 
 
 def _call(p: Plan, grid_b: int, out, constexprs, interpret: bool) -> Call:
