@@ -26,7 +26,6 @@ import pytest
 import splat
 from jax_bindings import _id_runs
 from jax_bindings._runtime import RuntimeMask
-from jax_bindings._split_merge import merge_splits
 from splat import masks
 
 decode = pytest.importorskip("jax_bindings._triton.decode", reason="needs triton (the test extra)")
@@ -35,7 +34,7 @@ from jax_bindings._triton.launch import run_numpy  # noqa: E402
 TAKEN = [c for c in dc.CASES if c[1] in (64, 128, 256)]
 
 
-def _run(x: dc.Inputs, layout, scale, dtype, *, page=0, splits=None, soft_cap=None, rng=None, **plan_kw):
+def _run(x: dc.Inputs, layout, scale, dtype, *, page=0, splits=None, soft_cap=None, rng=None):
     q, k, v = (a.astype(dtype) for a in (x.q, x.k, x.v))
     hk = k.shape[2]
     table = none = np.zeros(1, np.int32)
@@ -53,12 +52,9 @@ def _run(x: dc.Inputs, layout, scale, dtype, *, page=0, splits=None, soft_cap=No
     assert decode.refusal(layout, q.shape, hk, name) is None
     p = decode.plan(q.shape, hk, name, layout, scale, soft_cap, 132, page_size=page,
                     max_pages=table.shape[1] if page else 0, n_pages=k.shape[0] if page else 0, ids=ids,
-                    splits=splits, **plan_kw)
-    out, lse, part_o, part_l, _ = run_numpy(decode.call(p, interpret=True), q, k, v, x.q_pos, x.q_len,
-                                            x.kv_len, decode.segment_table(layout), table, *id_args)
-    if p.xla_merge:
-        merged = merge_splits(jnp.asarray(part_o), jnp.asarray(part_l), jnp.float32)
-        out, lse = (np.asarray(a) for a in merged)
+                    splits=splits)
+    out, lse, *_scratch = run_numpy(decode.call(p, interpret=True), q, k, v, x.q_pos, x.q_len, x.kv_len,
+                                    decode.segment_table(layout), table, *id_args)
     return np.asarray(out, np.float64), np.asarray(lse, np.float64), (q, k, v)
 
 
@@ -142,36 +138,21 @@ def test_segment_table_holds_each_rows_keys(mask):
         assert keys == set(np.flatnonzero(dense[r]))
 
 
-@pytest.mark.parametrize("merge", ["kernel", "xla"])
-@pytest.mark.parametrize("share", ["static", "runtime"])
+@pytest.mark.parametrize("splits", [1, 3, 7])
 @pytest.mark.parametrize("name", ["documents", "dilated", "uneven"])
-def test_splits_shared_and_merged_either_way(name, share, merge, rng):
+def test_walks_of_any_length_split_and_merged_in_the_kernel(name, splits, rng):
     """Walks of very different lengths in one call (documents; rows whose caches hold 30 to 1000
-    keys), cut into splits by an equal share of each row's walk or of all rows' walks, merged by
-    the row's last program or by XLA; a dilated mask's progressions besides."""
+    keys, so some rows need fewer splits than planned); a dilated mask's progressions besides."""
     mask = masks.dilated_window(96, 2) & masks.causal() if name == "dilated" else masks.causal()
     x = dc.inputs(rng, 5, 1, 8, 2, 64, mask, ids="documents" if name == "documents" else None)
     if name == "uneven":
-        x = dc.inputs(rng, 5, 1, 8, 2, 64, mask)
         kv_len = np.array([1000, 30, 700, 64, 129], np.int32)
         pos = (kv_len - 1)[:, None]
-        vis = (np.arange(dc.L)[None, None, :] <= pos[:, :, None])
+        vis = np.arange(dc.L)[None, None, :] <= pos[:, :, None]
         x = x._replace(kv_len=kv_len, q_pos=pos.astype(np.int32), q_len=np.ones(5, np.int32), visible=vis)
     layout = splat.analyze(mask, dc.L, dc.L)
-    out, lse, _ = _run(x, layout, 0.125, np.float32, splits=None if share == "runtime" else 6, share=share,
-                       merge=merge)
+    out, lse, _ = _run(x, layout, 0.125, np.float32, splits=splits)
     _check(out, lse, *dc.reference(x.q, x.k, x.v, x.visible, 0.125), np.float32)
-
-
-def test_runtime_share_follows_the_walks():
-    """The grid holds more splits than one row's walk needs where walks vary at run time, so that
-    a long walk among short ones takes many programs."""
-    layout = splat.analyze(masks.causal(), 32768, 32768)
-    runtime = decode.plan((8, 1, 32, 128), 8, "bfloat16", layout, 0.1, None, 132, share="runtime")
-    static = decode.plan((8, 1, 32, 128), 8, "bfloat16", layout, 0.1, None, 132)
-    assert runtime.splits > static.splits
-    assert runtime.grid[0] * runtime.grid[1] <= decode.SPARE_WAVES * 132 + runtime.grid[1]
-    assert dict(runtime.constexprs)["SLOTS"] == 132 and dict(static.constexprs)["SLOTS"] == 0
 
 
 @pytest.mark.parametrize("page", [0, 16])
@@ -204,15 +185,15 @@ def test_what_it_refuses_is_named(mask, shape, match):
 
 
 # The constexpr space's corners: (q shape, kv heads, dtype, mask expression, page size, splits, soft cap
-# or "ids", plan options); the fifth is a chunk (blocks of rows, 8 warps)
+# or "ids"); the fifth is a chunk (blocks of rows, 8 warps)
 COMPILED = [
-    ((3, 1, 32, 128), 8, "bfloat16", "sink(4) | sliding_window(255, 0)", 0, 4, None, {}),
-    ((2, 4, 8, 64), 2, "float16", "causal()", 16, 1, 30.0, {}),
-    ((2, 16, 8, 256), 8, "bfloat16", "causal()", 64, 3, None, {}),
-    ((2, 2, 8, 128), 2, "float16", "causal()", 0, 2, "ids", {}),
-    ((1, 300, 8, 128), 2, "bfloat16", "sink(4) | sliding_window(255, 0)", 16, 1, "ids", {}),
-    ((5, 1, 32, 128), 8, "bfloat16", "dilated_window(96, 2) & causal()", 0, None, None, {"share": "runtime"}),
-    ((2, 3, 8, 64), 2, "float16", "causal() & strided(8)", 16, 4, "ids", {"merge": "xla"}),
+    ((3, 1, 32, 128), 8, "bfloat16", "sink(4) | sliding_window(255, 0)", 0, 4, None),
+    ((2, 4, 8, 64), 2, "float16", "causal()", 16, 1, 30.0),
+    ((2, 16, 8, 256), 8, "bfloat16", "causal()", 64, 3, None),
+    ((2, 2, 8, 128), 2, "float16", "causal()", 0, 2, "ids"),
+    ((1, 300, 8, 128), 2, "bfloat16", "sink(4) | sliding_window(255, 0)", 16, 1, "ids"),
+    ((5, 1, 32, 128), 8, "bfloat16", "dilated_window(96, 2) & causal()", 0, None, None),
+    ((2, 3, 8, 64), 2, "float16", "causal() & strided(8)", 16, 4, "ids"),
 ]
 
 _COMPILE = """
@@ -221,7 +202,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
 import splat
 from jax_bindings._triton import decode
-for shape, hk, dt, mask, page, splits, cap, opts in json.loads(sys.argv[1]):
+for shape, hk, dt, mask, page, splits, cap in json.loads(sys.argv[1]):
     layout = splat.analyze(splat.masks.parse(mask), 1000, 1000)
     ids = cap == "ids"
     cap = None if ids else cap

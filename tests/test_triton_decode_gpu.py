@@ -2,7 +2,7 @@
 
 Every ``decode_cases`` case it takes (causal, windows, sinks + window, dilated, strided; head dims
 64-256; 1-16 tokens; GQA 1-32; contiguous and paged caches with NaN pages nobody maps; one split
-and several; splits shared at run time and merged in the kernel or by XLA),
+and several, merged in the kernel),
 bfloat16 and float16, against the float64 reference at the tokens' positions; reruns bit-identical;
 a soft cap; and the public ``splat.attention_with_kvcache`` on ``backend="triton"``.
 """
@@ -94,9 +94,9 @@ def test_segment_ids(ids, page, rng):
     _check(out, lse, *ref, jnp.bfloat16)
 
 
-@pytest.mark.parametrize(("share", "merge"), [("static", "kernel"), ("runtime", "kernel"), ("static", "xla")])
+@pytest.mark.parametrize("splits", [3, 7])
 @pytest.mark.parametrize("name", ["causal", "dilated"])
-def test_splits_of_uneven_walks_merge_bit_identically(name, share, merge, rng):
+def test_splits_of_uneven_walks_merge_bit_identically(name, splits, rng):
     """Rows whose walks are 30 to 1000 keys long, in up to 7 splits: the row's last program merges
     them in split order whichever finishes last, so five reruns give the same bits."""
     mask = dc.MASKS[name]
@@ -107,9 +107,7 @@ def test_splits_of_uneven_walks_merge_bit_identically(name, share, merge, rng):
     x = x._replace(kv_len=kv_len, q_pos=(kv_len - 1)[:, None].astype(np.int32), visible=vis)
     layout = splat.analyze(mask, dc.L, dc.L)
     q, k, v = (jnp.asarray(a, jnp.bfloat16) for a in (x.q, x.k, x.v))
-    splits = None if share == "runtime" else 7
-    fn = jax.jit(lambda q, k, v, rt: tb.decode_forward(q, k, v, rt, layout, 128**-0.5, splits=splits,
-                                                        share=share, merge=merge))
+    fn = jax.jit(lambda q, k, v, rt: tb.decode_forward(q, k, v, rt, layout, 128**-0.5, splits=splits))
     out, lse = fn(q, k, v, _runtime(x))
     _check(out, lse, *dc.reference(*(np.asarray(a, np.float32) for a in (q, k, v)), x.visible, 128**-0.5),
            jnp.bfloat16)

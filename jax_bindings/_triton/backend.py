@@ -44,7 +44,6 @@ from jax.interpreters import mlir
 
 from acsr import ACSR
 from jax_bindings import _id_runs, _kernel_proto, _pure
-from jax_bindings._split_merge import merge_splits
 from jax_bindings._triton import cache as _cache
 from jax_bindings._triton import decode, first_call, ops
 from jax_bindings._triton.spec import transpose_slots, transposed
@@ -283,11 +282,12 @@ def _sm_count() -> int:
     return int(getattr(jax.devices()[0], "core_count", 132))
 
 
-def decode_forward(q, k, v, runtime, layout: ACSR, scale: float, soft_cap=None, page_table=None, **plan_kw):
+def decode_forward(q, k, v, runtime, layout: ACSR, scale: float, soft_cap=None, page_table=None, splits=None):
     """``(out [B, Sq, H, D], lse [B, H, Sq])`` of the decode kernel (:mod:`jax_bindings._triton.decode`)
     at ``runtime.q_pos``, over a contiguous cache ``k, v [B, L, Hk, D]`` or a page pool ``[P,
     page_size, Hk, D]`` with ``page_table [B, max_pages]``; NotImplementedError for what it does not
-    take (:func:`decode.refusal`). ``plan_kw``: :func:`decode.plan`'s options (splits, share, merge)."""
+    take (:func:`decode.refusal`). ``splits``: of each row's walk (None: as
+    :func:`decode.plan` plans them)."""
     dt = _dtype(q)
     why = decode.refusal(layout, q.shape, k.shape[2], dt)
     if why is not None:
@@ -299,17 +299,17 @@ def decode_forward(q, k, v, runtime, layout: ACSR, scale: float, soft_cap=None, 
     ids = runtime.q_ids is not None
     p = decode.plan(q.shape, k.shape[2], dt, layout, scale, soft_cap, _sm_count(),
                     page_size=k.shape[1] if paged else 0, max_pages=page_table.shape[1] if paged else 0,
-                    n_pages=k.shape[0] if paged else 0, ids=ids, **plan_kw)
+                    n_pages=k.shape[0] if paged else 0, ids=ids, splits=splits)
     i32 = jnp.int32
     none = jnp.zeros((1,), i32)
     table = page_table.astype(i32) if paged else none
     id_args = (runtime.q_ids.astype(i32), runtime.kv_ids.astype(i32),
                _id_runs.document_keys(runtime, layout.kv_len)) if ids else (none, none, none)
-    out, lse, part_o, part_l, _ = run_call(
+    out, lse, *_scratch = run_call(
         decode.call(p), q, k.astype(q.dtype), v.astype(q.dtype), runtime.q_pos.astype(i32),
         runtime.q_len.astype(i32), runtime.kv_len.astype(i32), jnp.asarray(decode.segment_table(layout)),
         table, *id_args)
-    return merge_splits(part_o, part_l, q.dtype) if p.xla_merge else (out, lse)
+    return out, lse
 
 
 def attention_fwd(q, k, v, runtime, layout: ACSR, scale: float, soft_cap=None):

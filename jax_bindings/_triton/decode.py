@@ -30,19 +30,16 @@ Glossary (the kernel's symbols):
   segment it walks the tiles of ``BLOCK_N`` keys over the union of its rows' keys: with the
   segment's stride where every row steps alike from one residue (one decode token of a dilated
   mask), else key by key; each row's own keys mask its scores.
-* Splits (flash-decoding): the tiles of all segments, in order, are cut into shares, one a
-  program. ``SLOTS = 0``: ``NUM_SPLITS`` equal shares of the row's walk. ``SLOTS > 0`` (decode):
-  every program's share is all rows' tiles over ``SLOTS`` (at least ``MIN_TILES``), as the
-  run-time positions make the walks, so a long walk among short ones (a long document, a long
-  cache in a batch of short ones) takes more programs; ``NUM_SPLITS`` bounds them.
+* Splits (flash-decoding): the tiles of all segments, in order, are cut into ``NUM_SPLITS``
+  equal shares, one a program (fewer where the row's walk holds fewer tiles).
 * Online softmax in base 2 (``SCALE_LOG2 = scale * log2(e)`` folded into the scores; with a soft
   cap ``CAP``, ``z = scale * q.k`` becomes ``CAP * tanh(z / CAP)`` first). A row block walked by
   one program writes ``out`` and ``lse [B, H, SQ]`` (natural log) at once. Otherwise each split
   writes its rows normalised by its own sum to float32 ``PART_O [B * SQ * H, NUM_SPLITS, D]``
   and their lse to ``PART_L``, and takes a ticket (``TICKETS``, zeroed by the launch); the last
-  to arrive merges the splits in split order (``MERGE``; or, without it, ``PART_O, PART_L`` are
-  ``[B, SQ, H, NUM_SPLITS(, D)]`` for :func:`jax_bindings._split_merge.merge_splits`). The
-  sums do not depend on which split arrives last: reruns are bit-identical.
+  to arrive merges the splits in split order (the sums of
+  :func:`jax_bindings._split_merge.merge_splits`, in the kernel). The sums do not depend on
+  which split arrives last: reruns are bit-identical.
 * A row that sees no key outputs 0 and lse ``-inf``.
 """
 
@@ -71,7 +68,7 @@ _LN2 = tl.constexpr(0.6931471805599453)
 
 def _run(SEG, seg_row, s, live, doc_lo, doc_hi, NSEG: tl.constexpr, IDS: tl.constexpr,
          STRIDED: tl.constexpr):
-    """Segment ``s`` of the rows at ``seg_row`` (elementwise, any shape): its first key, the end of
+    """Segment ``s`` of the rows at ``seg_row``: its first key, the end of
     its keys (exclusive), its stride, and whether it holds a key; cut to the row's document."""
     base = tl.load(SEG + seg_row + 3 * s, mask=live, other=0)
     count = tl.load(SEG + seg_row + 3 * s + 1, mask=live, other=0)
@@ -88,19 +85,18 @@ def _run(SEG, seg_row, s, live, doc_lo, doc_hi, NSEG: tl.constexpr, IDS: tl.cons
     return first, end, step, has
 
 
-def _union(first, end, step, has, kv_len, AXIS: tl.constexpr, STRIDED: tl.constexpr,
-           BLOCK_N: tl.constexpr):
-    """The walk over the union of the runs along ``AXIS``: its first key, its end (clipped to
+def _union(first, end, step, has, kv_len, STRIDED: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The walk over the union of the tile rows' runs: its first key, its end (clipped to
     ``kv_len``), its stride (the runs' common one where they all step alike from one residue,
     else 1: every key, each run masking its own) and its tiles of ``BLOCK_N`` keys."""
-    lo = tl.min(tl.where(has, first, 2147483647), AXIS)
-    hi = tl.minimum(tl.max(tl.where(has, end, 0), AXIS), kv_len)
+    lo = tl.min(tl.where(has, first, 2147483647), 0)
+    hi = tl.minimum(tl.max(tl.where(has, end, 0), 0), kv_len)
     keys = tl.maximum(hi - lo, 0)
     if STRIDED:
-        w_lo = tl.min(tl.where(has, step, 2147483647), AXIS)
-        w_hi = tl.max(tl.where(has, step, 0), AXIS)
-        r_lo = tl.min(tl.where(has, first % step, 2147483647), AXIS)
-        r_hi = tl.max(tl.where(has, first % step, -1), AXIS)
+        w_lo = tl.min(tl.where(has, step, 2147483647), 0)
+        w_hi = tl.max(tl.where(has, step, 0), 0)
+        r_lo = tl.min(tl.where(has, first % step, 2147483647), 0)
+        r_hi = tl.max(tl.where(has, first % step, -1), 0)
         walk = tl.where((w_lo == w_hi) & (r_lo == r_hi), w_hi, 1)
         keys = tl.cdiv(keys, walk)
     else:
@@ -110,12 +106,10 @@ def _union(first, end, step, has, kv_len, AXIS: tl.constexpr, STRIDED: tl.conste
 
 def _kernel(
     Q, K, V, QPOS, QLEN, KVLEN, SEG, TABLE, QIDS, KVIDS, DOC, OUT, LSE, PART_O, PART_L, TICKETS,
-    IDS: tl.constexpr, SCALE_LOG2: tl.constexpr, CAP: tl.constexpr, B: tl.constexpr, SQ: tl.constexpr,
-    H: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, NSEG: tl.constexpr, STRIDED: tl.constexpr,
-    L: tl.constexpr, PAGE: tl.constexpr, MAX_PAGES: tl.constexpr, N_PAGES: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, SLOTS: tl.constexpr, MIN_TILES: tl.constexpr, B_P2: tl.constexpr,
-    SQ_P2: tl.constexpr, MERGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr,
+    IDS: tl.constexpr, SCALE_LOG2: tl.constexpr, CAP: tl.constexpr, SQ: tl.constexpr, H: tl.constexpr,
+    HK: tl.constexpr, D: tl.constexpr, NSEG: tl.constexpr, STRIDED: tl.constexpr, L: tl.constexpr,
+    PAGE: tl.constexpr, MAX_PAGES: tl.constexpr, N_PAGES: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     G: tl.constexpr = H // HK
     tl.static_assert(BLOCK_M >= 16, "tl.dot takes 16 rows or more")
@@ -149,32 +143,10 @@ def _kernel(
     total = 0
     for s in tl.static_range(NSEG):
         first, end, step, has = _run(SEG, seg_row, s, live, doc_lo, doc_hi, NSEG, IDS, STRIDED)
-        total += _union(first, end, step, has, kv_len, 0, STRIDED, BLOCK_N)[3]
+        total += _union(first, end, step, has, kv_len, STRIDED, BLOCK_N)[3]
 
-    # -- the walk's share of each program. SLOTS > 0: the programs' share of every row's tiles (one
-    # wave of SLOTS programs, MIN_TILES at least), so short walks take few programs and long ones
-    # many; else NUM_SPLITS equal shares of this row's walk
-    if SLOTS > 0:
-        ob = tl.arange(0, B_P2)[:, None]
-        ot = tl.arange(0, SQ_P2)[None, :]
-        ok = (ob < B) & (ot < SQ)
-        pos_all = tl.load(QPOS + ob * SQ + ot, mask=ok, other=-1)
-        live_all = ok & (ot < tl.load(QLEN + ob, mask=ob < B, other=0)) & (pos_all >= 0) & (pos_all < L)
-        row_all = tl.where(live_all, pos_all, 0).to(tl.int64) * (NSEG * 3)
-        kv_all = tl.load(KVLEN + tl.arange(0, B_P2), mask=tl.arange(0, B_P2) < B, other=0)
-        lo_all = 0
-        hi_all = 0
-        if IDS:
-            lo_all = tl.load(DOC + (ob * SQ + ot) * 2, mask=ok, other=0)
-            hi_all = tl.load(DOC + (ob * SQ + ot) * 2 + 1, mask=ok, other=0)
-        work = 0
-        for s in tl.static_range(NSEG):
-            first, end, step, has = _run(SEG, row_all, s, live_all, lo_all, hi_all, NSEG, IDS, STRIDED)
-            work += tl.sum(_union(first, end, step, has, kv_all, 1, STRIDED, BLOCK_N)[3], 0)
-        share = tl.maximum(work * HK // SLOTS, MIN_TILES)
-        used = tl.minimum(tl.maximum(total // share, 1), NUM_SPLITS)
-    else:
-        used = tl.maximum(tl.cdiv(total, tl.cdiv(tl.maximum(total, 1), NUM_SPLITS)), 1)
+    # -- this program's share: the row's walk in NUM_SPLITS equal shares (fewer where it is short)
+    used = tl.maximum(tl.cdiv(total, tl.cdiv(tl.maximum(total, 1), NUM_SPLITS)), 1)
     per_split = tl.cdiv(total, used)
     t0 = pid_s * per_split
     t1 = tl.minimum(t0 + per_split, total)
@@ -186,7 +158,7 @@ def _kernel(
     done = 0  # tiles of the segments before this one
     for s in tl.static_range(NSEG):
         first, end, step, has = _run(SEG, seg_row, s, live, doc_lo, doc_hi, NSEG, IDS, STRIDED)
-        lo, hi, walk, n = _union(first, end, step, has, kv_len, 0, STRIDED, BLOCK_N)
+        lo, hi, walk, n = _union(first, end, step, has, kv_len, STRIDED, BLOCK_N)
         t_first = tl.minimum(tl.maximum(t0 - done, 0), n)
         t_last = tl.minimum(tl.maximum(t1 - done, 0), n)
         for t in tl.range(t_first, t_last):
@@ -234,10 +206,6 @@ def _kernel(
     if NUM_SPLITS == 1:
         tl.store(o_ptrs, o.to(OUT.dtype.element_ty), mask=row_ok[:, None])
         tl.store(lse_ptrs, lse, mask=row_ok)
-    elif not MERGE:  # every split's rows, merged by jax_bindings._split_merge
-        part = q_rows * NUM_SPLITS + pid_s
-        tl.store(PART_O + part[:, None] * D + offs_d[None, :], o, mask=row_ok[:, None])
-        tl.store(PART_L + part, lse, mask=row_ok)
     elif used == 1:
         if pid_s == 0:
             tl.store(o_ptrs, o.to(OUT.dtype.element_ty), mask=row_ok[:, None])
@@ -374,8 +342,7 @@ def splits_for(programs: int, tiles: int, sm_count: int, occupancy: int, max_spl
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """One call's launch: grid ``(splits, B * HK, row blocks)``, the constexprs and the outputs
-    (``out, lse``, the splits' rows and log-sum-exps, the tickets), and whether the outputs are
-    the splits' rows for :func:`jax_bindings._split_merge.merge_splits` (``xla_merge``)."""
+    (``out, lse``, the splits' rows and log-sum-exps, the tickets)."""
 
     grid: tuple[int, int, int]
     splits: int
@@ -383,34 +350,21 @@ class Plan:
     out: tuple[tuple[tuple[int, ...], str], ...]
     num_warps: int = 4
     num_stages: int = 3
-    xla_merge: bool = False
 
     @property
     def zeroed(self) -> tuple[int, ...]:
-        """The outputs that start at zero: the tickets, where the kernel merges splits."""
-        return (4,) if self.splits > 1 and not self.xla_merge else ()
-
-
-# the share of the walk each program takes where walks vary at run time: a wave of programs over
-# every row's tiles, but at least MIN_TILES a program; the grid holds up to SPARE_WAVES waves
-MIN_TILES = 4
-SPARE_WAVES = 2
+        """The outputs that start at zero: the tickets, where a row block has several splits."""
+        return (4,) if self.splits > 1 else ()
 
 
 def plan(q_shape, kv_heads: int, dtype: str, layout: ACSR, scale: float, soft_cap, sm_count: int, *,
          page_size: int = 0, max_pages: int = 0, n_pages: int = 0, ids: bool = False,
-         splits: int | None = None, share: str = "static", merge: str = "kernel") -> Plan:
+         splits: int | None = None) -> Plan:
     """The launch of a call :func:`refusal` takes (``page_size`` 0: a contiguous cache): decode's
     one block of every (token, head) row, up to :data:`DECODE_ROWS` rows (4 warps, keys in tiles of
     :func:`block_n_for`); a longer chunk's blocks of 128 rows, 8 warps (two warpgroups' products)
-    and tiles of 64 keys, as a prefill kernel's.
-
-    ``share``: ``"static"``, each row's walk in ``splits`` equal shares; ``"runtime"``, programs
-    of an equal share of all rows' walks as the run-time positions make them, so a row's programs
-    follow its own walk's length (decode, where every program can read all rows' positions: at
-    most 4096 tokens a call, rounded up to powers of two; else static). ``merge``: the splits
-    merged by the row's last program (``"kernel"``) or by
-    :func:`jax_bindings._split_merge.merge_splits` (``"xla"``)."""
+    and tiles of 64 keys, as a prefill kernel's. ``splits``: of each row's walk (None:
+    :func:`splits_for` the layout's longest row)."""
     b, sq, h, d = q_shape
     itemsize = 4 if dtype == "float32" else 2
     rows = sq * (h // kv_heads)
@@ -423,46 +377,29 @@ def plan(q_shape, kv_heads: int, dtype: str, layout: ACSR, scale: float, soft_ca
     row_blocks = -(-rows // block_m)
     nseg = len(layout.segments)
     programs = b * kv_heads * row_blocks
-    occupancy = programs_per_sm(block_n, d, itemsize, stages, warps)
-    tiles = -(-int(layout.row_counts().max(initial=0)) // block_n) + nseg
-    slots = 0
-    readable = triton.next_power_of_2(b) * triton.next_power_of_2(sq) <= 4096
-    if share == "runtime" and row_blocks == 1 and readable:
-        slots = sm_count * occupancy
-        if splits is None:
-            splits = max(1, min(128, tiles // MIN_TILES, -(-SPARE_WAVES * slots // programs)))
-    elif share not in ("static", "runtime"):
-        raise ValueError(f"share must be 'static' or 'runtime', not {share!r}")
     if splits is None:
+        tiles = -(-int(layout.row_counts().max(initial=0)) // block_n) + nseg
+        occupancy = programs_per_sm(block_n, d, itemsize, stages, warps)
         splits = splits_for(programs, tiles, sm_count, occupancy)
-    if merge not in ("kernel", "xla"):
-        raise ValueError(f"merge must be 'kernel' or 'xla', not {merge!r}")
-    xla_merge = merge == "xla" and splits > 1
     cx = (("IDS", bool(ids)), ("SCALE_LOG2", float(scale) * LOG2E), ("CAP", float(soft_cap or 0.0)),
-          ("B", b), ("SQ", sq), ("H", h), ("HK", kv_heads), ("D", d), ("NSEG", nseg),
-          ("STRIDED", strided(layout)), ("L", layout.kv_len), ("PAGE", page_size), ("MAX_PAGES", max_pages),
-          ("N_PAGES", n_pages), ("NUM_SPLITS", splits), ("SLOTS", slots), ("MIN_TILES", MIN_TILES),
-          ("B_P2", triton.next_power_of_2(b)), ("SQ_P2", triton.next_power_of_2(sq)),
-          ("MERGE", not xla_merge), ("BLOCK_M", block_m), ("BLOCK_N", block_n),
+          ("SQ", sq), ("H", h), ("HK", kv_heads), ("D", d), ("NSEG", nseg), ("STRIDED", strided(layout)),
+          ("L", layout.kv_len), ("PAGE", page_size), ("MAX_PAGES", max_pages), ("N_PAGES", n_pages),
+          ("NUM_SPLITS", splits), ("BLOCK_M", block_m), ("BLOCK_N", block_n),
           ("PRECISION", "ieee" if dtype == "float32" else "tf32"))
-    one = ((1,), "float32")
     final = (((b, sq, h, d), dtype), ((b, h, sq), "float32"))
     if splits == 1:
-        out = (*final, one, one, ((1,), "int32"))
-    elif xla_merge:
-        out = (((1,), dtype), one, ((b, sq, h, splits, d), "float32"), ((b, sq, h, splits), "float32"),
-               ((1,), "int32"))
+        out = (*final, ((1,), "float32"), ((1,), "float32"), ((1,), "int32"))
     else:
         out = (*final, ((b * sq * h, splits, d), "float32"), ((b * sq * h, splits), "float32"),
                ((programs,), "int32"))
-    return Plan((splits, b * kv_heads, row_blocks), splits, cx, out, warps, stages, xla_merge)
+    return Plan((splits, b * kv_heads, row_blocks), splits, cx, out, warps, stages)
 
 
 def call(p: Plan, interpret: bool = False) -> Call:
     """The launch of ``p`` for :func:`jax_bindings._triton.backend.run_call` (JAX) or
     :func:`jax_bindings._triton.launch.run_numpy` (the interpreter). Operands, in order: ``q, k,
     v, q_pos, q_len, kv_len, seg`` (:func:`segment_table`) ``, table, q_ids, kv_ids, doc`` (each
-    ``[1]`` where absent). Outputs: ``out, lse, part_o, part_l, tickets``; with ``p.xla_merge``
-    the splits' rows ``part_o, part_l`` for :func:`jax_bindings._split_merge.merge_splits`."""
+    ``[1]`` where absent). Outputs: ``out, lse`` and the kernel's scratch ``part_o, part_l,
+    tickets``."""
     return Call(kernel(interpret), p.grid, (), p.out, dict(p.constexprs), p.num_warps, p.num_stages, p,
                 zeroed=p.zeroed)
