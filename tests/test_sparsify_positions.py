@@ -9,6 +9,11 @@ decoding at a position known only at run time); Keras's cache mask is ``arange(n
 constructor) taken at the positions, which reach ``splat.attention`` as ``q_positions`` /
 ``kv_positions``; outputs and gradients equal the unmodified function's (float32, 1e-5), decode
 steps included.
+
+Where a side is read both by index and by position (Gemma's decode: a causal mask on cache
+indices AND a window on the positions the cache stores, 0 in slots not yet written), that side
+goes at its indices and its positions are checked at run time only where the other terms let a
+pair be seen (``splat._sparsify.guard``); the ``guard_results`` fixture records which branch ran.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ import pytest
 
 import splat
 from splat import masks
-from splat._sparsify import sparsify
+from splat._sparsify import call as call_module
+from splat._sparsify import guard, sparsify
 
 B, H, HK, D, S, WIN = 2, 4, 2, 8, 32, 6
 TOL = {"rtol": 1e-5, "atol": 1e-5}
@@ -244,3 +250,126 @@ def test_position_arrays_of_two_values_stay_dense(rng):
     sf = sparsify(two_position_arrays)
     assert sf.inspect(*args) == []
     assert "2 different arrays" in sf.problems(*args)[0]
+
+
+@pytest.fixture
+def guard_results(monkeypatch):
+    """The run-time outcomes of the position checks (True: splat's attention ran), in call order."""
+    results: list[bool] = []
+    real = call_module.positions_hold
+
+    def recorded(*args):
+        ok = real(*args)
+        jax.debug.callback(lambda x: results.append(bool(x)), ok)
+        return ok
+
+    monkeypatch.setattr(call_module, "positions_hold", recorded)
+    return results
+
+
+def cache_window(q, k, v, kv_pos, end):
+    """Gemma's local layer in decode: a causal mask on the cache's *indices* (the slots up to the
+    query's position) AND a window on the *positions* the cache stores in them."""
+    q_pos = end + jnp.arange(q.shape[1])[None].repeat(q.shape[0], 0)
+    causal = jnp.arange(k.shape[1])[None, None, :] <= q_pos[:, :, None]
+    window = (kv_pos[:, None, :] > q_pos[:, :, None] - WIN) & (kv_pos[:, None, :] < q_pos[:, :, None] + WIN)
+    return _gqa(q, k, v, causal & window)
+
+
+def _cache_positions(end: int, t: int):
+    """The positions a left-aligned cache stores after writing ``end + t`` tokens: each written
+    slot its index, the others 0 (as initialised)."""
+    j = jnp.arange(S)
+    return jnp.where(j < end + t, j, 0)[None].repeat(B, 0).astype(jnp.int32)
+
+
+@pytest.mark.parametrize(
+    "t, end", [(8, 0), (1, 3), (1, 20), (4, 27)], ids=["prefill", "early", "late", "full"]
+)
+def test_unwritten_cache_slots_outside_the_causal_extent_do_not_matter(rng, guard_results, t, end):
+    """The slots not yet written hold position 0, inside the window of an early query but past
+    every query's causal extent: splat runs (queries at their positions, keys at their indices)
+    and equals the original, gradients included."""
+    q, k, v = _qkv(rng, t=t)
+    args = (q, k, v, _cache_positions(end, t), jnp.asarray(end, jnp.int32))
+    _substituted(
+        cache_window, args, masks.sliding_window(WIN - 1, 0), ("positions", "positions=indices"), True
+    )
+    assert guard_results and all(guard_results)
+
+
+@pytest.mark.parametrize("slot", [0, 12, 13], ids=["first", "inside_window", "last_seen"])
+def test_a_moved_key_the_causal_mask_lets_be_seen_runs_the_original(rng, guard_results, slot):
+    """A slot that the causal mask lets the query see holds another position (a stale entry, a
+    ring buffer): the two masks may differ there, so the original attention runs, exact."""
+    q, k, v = _qkv(rng, t=1)
+    end = 13
+    kv_pos = _cache_positions(end, 1).at[1, slot].set(slot + 40)
+    args = (q, k, v, kv_pos, jnp.asarray(end, jnp.int32))
+    _substituted(
+        cache_window, args, masks.sliding_window(WIN - 1, 0), ("positions", "positions=indices"), True
+    )
+    assert guard_results and not any(guard_results)
+
+
+def test_a_moved_key_past_the_causal_extent_still_runs_splat(rng, guard_results):
+    """The same stale entry one slot past the query's causal extent: hidden either way."""
+    q, k, v = _qkv(rng, t=1)
+    end = 13
+    kv_pos = _cache_positions(end, 1).at[1, end + 1].set(end)  # would be inside the window as a position
+    args = (q, k, v, kv_pos, jnp.asarray(end, jnp.int32))
+    _substituted(
+        cache_window, args, masks.sliding_window(WIN - 1, 0), ("positions", "positions=indices"), True
+    )
+    assert guard_results and all(guard_results)
+
+
+def test_a_query_past_the_mask_runs_the_original(rng, guard_results):
+    """A query position past the cache sees no key in splat; the original sees the window of a full
+    cache: the check sends it to the original attention."""
+    q, k, v = _qkv(rng, t=1)
+    args = (q, k, v, _cache_positions(S, 0), jnp.asarray(S + 2, jnp.int32))  # every key at its index
+    _substituted(
+        cache_window, args, masks.sliding_window(WIN - 1, 0), ("positions", "positions=indices"), True
+    )
+    assert guard_results and not any(guard_results)
+
+
+def index_rows_window(q, k, v, q_pos, kv_pos):
+    """Queries compared by index with the keys' positions (``i >= kv_pos``) and by position in a
+    window: the queries go at their indices, the keys at their positions."""
+    i = jnp.arange(q.shape[1])[None, :, None]
+    window = q_pos[:, :, None] - kv_pos[:, None, :] < WIN
+    return _gqa(q, k, v, (i >= kv_pos[:, None, :]) & window & (kv_pos[:, None, :] >= 0))
+
+
+@pytest.mark.parametrize("aligned", [True, False])
+def test_query_positions_meeting_query_indices_are_checked(rng, guard_results, aligned):
+    q, k, v = _qkv(rng)
+    pos = np.arange(S)[None].repeat(B, 0)
+    q_pos = pos.copy()
+    if not aligned:
+        q_pos[0, 5] = 9
+    kv_pos = np.where(pos >= 3, pos - 3, -1)  # left padding moves the keys
+    args = (q, k, v, jnp.asarray(q_pos, jnp.int32), jnp.asarray(kv_pos, jnp.int32))
+    _substituted(
+        index_rows_window, args, masks.sliding_window(WIN - 1, 0), ("positions", "positions=indices"), True
+    )
+    assert guard_results and set(guard_results) == {aligned}
+
+
+@pytest.mark.parametrize(
+    "mask",
+    [
+        masks.causal(),
+        masks.sliding_window(3, 2),
+        masks.from_fn(lambda i, j: ((i * 7 + j * 3) % 5 == 0) & (i != 9)),  # irregular: a residual
+    ],
+    ids=["causal", "band", "irregular"],
+)
+def test_row_extents_are_each_rows_first_and_last_column(mask):
+    dense = splat.analyze(mask, 40, 24).to_dense()
+    first, last = guard.row_extents(splat.analyze(mask, 40, 24))
+    any_col = dense.any(axis=1)
+    np.testing.assert_array_equal(np.where(any_col, dense.argmax(axis=1), 24), first)
+    np.testing.assert_array_equal(np.where(any_col, 23 - dense[:, ::-1].argmax(axis=1), -1), last)

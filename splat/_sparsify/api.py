@@ -365,8 +365,8 @@ def wrap(
         info["replaced"], info["dense"] = len(plan.matches), len(plan.problems)
         checked = sum("positions=indices" in m.found.runtime for m in plan.matches)
         if checked:  # the record is written now; which branch runs is known only on device
-            note = (f"{checked} of them check at run time that positions equal indices and run the "
-                    "original dense attention where they do not")
+            note = (f"{checked} of them check at run time that positions equal indices where the mask "
+                    "lets them be seen, and run the original dense attention where they do not")
             info["reason"] = f"{info['reason']}; {note}" if info.get("reason") else note
         # splat's decode path, for every attention: queries at rows known only at run time
         info["decode"] = all("positions" in m.found.runtime for m in plan.matches)

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from splat import _attention
 from splat._sparsify import runtime as rt_ops
+from splat._sparsify.guard import Guard, positions_hold
 from splat._sparsify.ir import run_nodes
 
 __all__ = ["Arrangement", "attention_call"]
@@ -64,7 +65,7 @@ def attention_call(
     out_dtype,
     *,
     positions=None,
-    guard=None,
+    guard: Guard | None = None,
     consts=None,
 ) -> Callable:
     """``run(q, k, v, *runtime arrays, *position arrays, *dense reads)``: splat's attention on the
@@ -72,9 +73,10 @@ def attention_call(
 
     ``positions`` (:class:`positions.Positions`): pass its arrays as ``q_positions`` /
     ``kv_positions`` (the queries at ``clamp(start) + i`` where a constant is sliced at a start and
-    no query array exists); with ``guard.mixed`` they are checked equal to the indices instead,
-    and with a query array and a start, the two checked equal; where a check fails the original
-    attention (``guard.nodes``, reading ``guard.reads``) runs.
+    no query array exists), but those of ``guard.checked``: those sides go at their indices, their
+    positions checked to equal them where the mask lets a pair be seen (:mod:`guard`); with a query
+    array and a start, the two are checked equal. Where a check fails the original attention
+    (``guard.nodes``, reading ``guard.reads``) runs.
     """
     sizes, batch, heads, group, t, kv = a.sizes, a.batch, a.heads, a.group, a.t, a.kv
     q_len, kv_len = sizes[t], sizes[kv]
@@ -115,28 +117,20 @@ def attention_call(
             vals = dict(zip(live, args, strict=True))
             return run_nodes(guard.nodes, live, [vals[v] for v in live], fixed, guard.out)
 
-        if guard.mixed:
-            ok = _aligned(pos_vals, rt_vals)
-            fast = lambda args: core(qv, kv_arr, vv, rt_vals, None, None)  # noqa: E731
+        qp, kp = position_arrays(pos_vals)
+        if guard.checked:  # checked sides go at their indices
+            q_at, kv_at = "q" in guard.checked, "kv" in guard.checked
+            q_rows = qp  # the rows of the call's mask the queries take
+            if q_at or qp is None:
+                b = math.prod(sizes[lab] for lab in batch)
+                q_rows = jnp.broadcast_to(jnp.arange(q_len, dtype=jnp.int32), (b, q_len))
+            kv_ok = rt_ops.key_valid(runtime, rt_vals, batch, t, kv, sizes) if rt_vals else None
+            ok = positions_hold(guard, q_rows, qp if q_at else None, kp if kv_at else None, kv_ok)
+            qp, kp = (None if q_at else qp), (None if kv_at else kp)
         else:  # the query positions and the sliced rows must agree
-            qp, kp = position_arrays(pos_vals)
             ok = jnp.all(qp == sliced_rows(pos_vals[-1])[None, :])
-            fast = lambda args: core(qv, kv_arr, vv, rt_vals, qp, kp)  # noqa: E731
+        fast = lambda args: core(qv, kv_arr, vv, rt_vals, qp, kp)  # noqa: E731
         return jax.lax.cond(ok, fast, dense, list(reads))
-
-    def _aligned(pos_vals, rt_vals):
-        """Whether every position equals its index (keys: where the other key terms let them be seen)."""
-        ok = jnp.bool_(True)
-        kv_ok = rt_ops.key_valid(runtime, rt_vals, batch, t, kv, sizes) if rt_vals else None
-        for side, val in zip(pos_sides, pos_vals[: len(pos_sides)], strict=True):
-            lab = getattr(positions, side)[1]
-            axis = t if side == "q" else kv
-            arr = rt_ops.gather_rows(val, lab, list(batch) + [axis], sizes)
-            same = arr == jnp.arange(sizes[axis], dtype=arr.dtype)[None, :]
-            if side == "kv" and kv_ok is not None:
-                same = same | ~kv_ok
-            ok = ok & jnp.all(same)
-        return ok
 
     def core(qv, kv_arr, vv, extra, qp, kp):
         b = math.prod(sizes[lab] for lab in batch)

@@ -21,7 +21,7 @@ from jax.extend import core as jex_core
 
 from splat._sparsify.outer import outer_graph
 
-__all__ = ["IR", "Node", "between", "bind_params", "build_ir", "run_ir", "run_nodes"]
+__all__ = ["IR", "Node", "between", "bind_params", "build_ir", "reads_any", "run_ir", "run_nodes"]
 
 # call primitives whose body is inlined into the flat IR
 _INLINE = ("jit", "pjit", "closed_call", "core_call")
@@ -248,6 +248,22 @@ def between(ir: IR, sources: set[int], out: int) -> tuple[list[Node], list[int]]
     made = {o for node in nodes for o in node.outs}
     reads = list(dict.fromkeys(u for node in nodes for u in node.ins if u not in made))
     return nodes, reads
+
+
+def reads_any(ir: IR, vid: int, sources: set[int]) -> bool:
+    """Whether ``vid`` is one of ``sources`` or computed from one of them."""
+    seen, stack = set(), [vid]
+    while stack:
+        v = stack.pop()
+        if v in sources:
+            return True
+        if v in seen:
+            continue
+        seen.add(v)
+        node = ir.node_of(v)
+        if node is not None:
+            stack.extend(node.ins)
+    return False
 
 
 def run_nodes(nodes: list[Node], reads: list[int], vals: list, consts: dict, out: int):

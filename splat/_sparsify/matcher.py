@@ -27,7 +27,8 @@ from splat._sparsify import labels as lab_ops
 from splat._sparsify import positions
 from splat._sparsify import runtime as rt_ops
 from splat._sparsify.call import Arrangement, attention_call
-from splat._sparsify.ir import IR, Node, between
+from splat._sparsify.guard import Guard, row_extents
+from splat._sparsify.ir import IR, Node, between, reads_any
 from splat._sparsify.numeric import NEG_THRESHOLD, NotSparsifiable, Slices
 from splat._sparsify.predicate import split_predicate
 from splat._sparsify.softmax import Softmax, match_softmax, post_mask, row_stat
@@ -53,7 +54,10 @@ class Found:
       heads: ``(kv_heads, group)``: query heads = kv_heads * group (GQA).
       soft_cap: the logit soft cap found (``c * tanh(x / c)``), or None.
       runtime: the input-dependent mask terms passed as runtime arguments: any of
-        "kv_padding", "q_padding", "segment_ids" (see :mod:`splat._sparsify.runtime`).
+        "kv_padding", "q_padding", "segment_ids" (see :mod:`splat._sparsify.runtime`), then
+        "positions" where position arrays go to splat (``q_positions`` / ``kv_positions``) and
+        "positions=indices" where a side read by index and by position goes at its indices, its
+        positions checked at run time (:mod:`splat._sparsify.guard`).
     """
 
     mask: Any
@@ -340,10 +344,6 @@ def match_pv(ir: IR, sl: Slices, pv: Node, backend: str, empty_rows: str = "fall
 
     # masks taken at positions computed from the inputs: those leaves become constant masks in
     # position coordinates, and the positions runtime arguments
-    index_axes = set()  # atoms the constant terms written on indices vary along
-    for _, vid, _, lab in mask_terms:
-        if len(ir.shape(vid)) == len(lab):
-            index_axes |= {a for x in (lab[d] for d in sl.deps(vid)) for a in lab_ops.atoms(x)}
     pos = positions.find(
         ir,
         sl,
@@ -402,13 +402,14 @@ def match_pv(ir: IR, sl: Slices, pv: Node, backend: str, empty_rows: str = "fall
         seq = _sequence_axis(ir, runtime_leaves, q_free, kv, qk_shape)
     t = seq[0]
     q_len, kv_len = qk_shape[t], qk_shape[kv]
-    # positions and indices meet only where they are equal: checked at run time (``mixed``)
-    mixed = pos is not None and (
-        pos.mixed or (pos.q is not None and t in index_axes) or (pos.kv is not None and kv in index_axes)
-    )
-    if mixed and pos.q_start is not None:
+    # a side read by index and by position is passed at its indices, its positions checked at run
+    # time where the other terms let a pair be seen (``guard``)
+    checked = _checked_sides(pos, mask_terms, t, kv, q_len, kv_len)
+    if checked and pos.q_start is not None:
         raise NotSparsifiable("the attention mask slices a constant at a query start and compares indices")
-    at_positions = pos is not None and not mixed
+    at_positions = pos is not None and (
+        pos.q_start is not None or any(getattr(pos, s) is not None and s not in checked for s in ("q", "kv"))
+    )
     rows = kv_len if at_positions else q_len  # positions index rows of the (Skv, Skv) mask
 
     mask = make_mask(sl, mask_terms, t, kv, rows, kv_len) if mask_terms else masks.full()
@@ -419,12 +420,7 @@ def match_pv(ir: IR, sl: Slices, pv: Node, backend: str, empty_rows: str = "fall
         others = bool(e_masks) or any(kind == "bias" for kind, _, _ in chain)
         same = same_post_mask(ir, sl, post, pre_leaves, mask, (t, kv, q_len, kv_len), size, others)
         zero_rows = same and (all(info[2] is None for info, _ in post) or all(np.isfinite(f) for f in fills))
-    try:
-        layout = analyze(mask, rows, kv_len)  # evaluates (and caches) the layout now: errors surface here
-    except NotSparsifiable:
-        raise
-    except Exception as e:  # a mask splat cannot analyse: report, do not crash the user's model
-        raise NotSparsifiable(f"the detected mask could not be analysed ({type(e).__name__}: {e})") from e
+    layout = _analysed(mask, rows, kv_len)
     empty = np.flatnonzero(layout.row_counts() == 0)
     if empty.size and empty_rows != "zero" and not zero_rows:
         dense = "NaN" if any(not np.isfinite(f) for f in fills) else "mean(V)"
@@ -450,7 +446,15 @@ def match_pv(ir: IR, sl: Slices, pv: Node, backend: str, empty_rows: str = "fall
     arrangement = Arrangement(q_lab, k_lab, v_lab, out_labels, batch, heads, group, t, kv, sizes)
     # a sliced constant's rows next to a query position array: the two checked equal at run time
     agree = pos is not None and pos.q_start is not None and pos.q is not None
-    guard = _Guard(pos, mixed, *between(ir, {q_vid, k_vid}, out_vid), out_vid) if mixed or agree else None
+    guard = None
+    if checked or agree:
+        first = last = None
+        if checked:  # the extents of the terms that read no checked side's positions (``guard``'s A)
+            read = {getattr(pos, s)[0] for s in checked}
+            unchecked = [term for term in mask_terms if not reads_any(ir, term[1], read)]
+            seen = make_mask(sl, unchecked, t, kv, rows, kv_len) if unchecked else masks.full()
+            first, last = row_extents(_analysed(seen, rows, kv_len))
+        guard = Guard(checked, first, last, *between(ir, {q_vid, k_vid}, out_vid), out_vid)
     run = attention_call(
         arrangement,
         layout,
@@ -471,7 +475,8 @@ def match_pv(ir: IR, sl: Slices, pv: Node, backend: str, empty_rows: str = "fall
         heads=(int(np.prod([sizes[h] for h in heads])), int(np.prod([sizes[g] for g in group]))),
         soft_cap=None if cap is None else float(cap),
         runtime=runtime.describe()
-        + (() if pos is None else ("positions",) if at_positions else ("positions=indices",)),
+        + (("positions",) if at_positions else ())
+        + (("positions=indices",) if checked else ()),
     )
     extra = tuple(runtime.vids) + tuple(pos.vids if pos is not None else ())
     if guard is not None:
@@ -479,17 +484,28 @@ def match_pv(ir: IR, sl: Slices, pv: Node, backend: str, empty_rows: str = "fall
     return Match(out_vid, q_vid, k_vid, v_vid, run, found, extra)
 
 
-@dataclass(frozen=True)
-class _Guard:
-    """Positions of one attention checked at run time, running ``nodes`` (the original dense
-    attention, reading ``reads``) where the check fails: ``mixed``: also index terms, so positions
-    must equal indices; else the rows a constant is sliced at must equal the query positions."""
+def _analysed(mask, rows: int, kv_len: int):
+    """``mask``'s layout, analysed (and cached) now, so that its errors surface here."""
+    try:
+        return analyze(mask, rows, kv_len)
+    except NotSparsifiable:
+        raise
+    except Exception as e:  # a mask splat cannot analyse: report, do not crash the user's model
+        raise NotSparsifiable(f"the detected mask could not be analysed ({type(e).__name__}: {e})") from e
 
-    positions: Any
-    mixed: bool
-    nodes: list
-    reads: list
-    out: int
+
+def _checked_sides(pos, mask_terms: list, t, kv, q_len: int, kv_len: int) -> frozenset:
+    """The sides (``"q"``, ``"kv"``) with a position array that the mask terms also read by index:
+    the call passes them at their indices and checks their positions (see ``guard``)."""
+    if pos is None:
+        return frozenset()
+    by_index = positions.index_atoms(pos, mask_terms, t, kv)
+    checked = {s for s, axis in (("q", t), ("kv", kv)) if getattr(pos, s) is not None and axis in by_index}
+    # queries at their indices beside keys at positions take rows of the (Skv, Skv) mask: past
+    # Skv they would see no key, so the keys go at their indices too
+    if checked == {"q"} and pos.kv is not None and q_len > kv_len:
+        checked.add("kv")
+    return frozenset(checked)
 
 
 def _not_ids(ir: IR, leaf) -> bool:

@@ -162,6 +162,10 @@ class Slices:
     constant along the query axis (a constant mask's rows taken at a cache index): the slice's
     row ``i`` is the constant's row ``start + i``, the query's position, so the slice reads the
     constant at the query index (on a grid, at the grid's query index).
+
+    Side "held" marks a position array held still: independent of the inputs, and the same
+    (0) everywhere, so that :meth:`deps` tells the axes a mask term reads by *index*
+    (``positions.index_atoms``).
     """
 
     def __init__(self, ir: IR, index_of: dict[int, tuple[int, str]] | None = None):
@@ -217,7 +221,7 @@ class Slices:
         node = ir.node_of(vid)
         if vid in self.index_of:
             a, side = self.index_of[vid]
-            d = frozenset([a]) if side != "start" and shape[a] > 1 else frozenset()
+            d = frozenset([a]) if side not in ("start", "held") and shape[a] > 1 else frozenset()
         elif c is not None:
             d = frozenset(a for a in range(c.ndim) if c.shape[a] > 1 and np.any(np.take(c, [0], axis=a) != c))
         elif node is None:  # an input or an outer tracer: may vary along every axis
@@ -313,6 +317,8 @@ class Slices:
         shape = ir.shape(vid)
         if vid in self.index_of:
             a, side = self.index_of[vid]
+            if side == "held":
+                return np.zeros((), ir.avals[vid].dtype)
             x = idx[a] if self.grid is None or side == "qk" else self.grid[0 if side == "q" else 1]
             return np.asarray(x).astype(ir.avals[vid].dtype)
         c = self.constant(vid)

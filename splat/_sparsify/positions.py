@@ -23,10 +23,11 @@ Rules:
   its cache index into a float and an integer array);
 - a position array must be integer (or float; its values are cast to int32 at run time) and may
   not vary across heads;
-- where other constant mask terms are written on *indices* along a side that has positions
-  (Gemma ANDs a causal mask on indices with a window on positions), the two agree only where
-  the positions equal the indices: :class:`Positions` then says ``mixed`` and the call checks
-  that at run time, running the original dense attention where it does not hold;
+- where mask terms read the *indices* of a side that has positions (Gemma ANDs a causal mask on
+  indices with a window on positions; :func:`index_atoms` tells which), the two agree only where
+  the positions equal the indices: the call passes such a side at its indices and checks at run
+  time that its positions equal them wherever the other terms let a pair be seen
+  (:mod:`splat._sparsify.guard`), running the original dense attention where they do not;
 - a constant mask sliced along the query axis at a start computed from the inputs
   (``dynamic_slice(band, (cache_index, 0))``, keras-hub's sliding window in decode) is that
   mask at the query positions ``start + i`` (:attr:`Positions.q_start`); one start per
@@ -42,11 +43,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from splat._sparsify import labels as lab_ops
-from splat._sparsify.ir import IR
+from splat._sparsify.ir import IR, reads_any
 from splat._sparsify.numeric import NotSparsifiable, Slices
 from splat._sparsify.predicate import STRIP, Leaf
 
-__all__ = ["Positions", "find"]
+__all__ = ["Positions", "find", "index_atoms"]
 
 # positions are compared, after a shift or a scale: ``p - w < j``, ``p >= 0``
 _ARITH = ("add", "sub", "mul", "neg", "convert_element_type", "copy", "copy_p")
@@ -59,8 +60,7 @@ class Positions:
     """The position arrays of one attention's mask.
 
     ``q``/``kv``: ``(vid, labels)`` of the query / key position array, or None (that side's
-    positions are its indices); ``slices``: the :class:`Slices` that reads them as indices;
-    ``mixed``: a side with a position array is also compared by its indices in some leaf.
+    positions are its indices); ``slices``: the :class:`Slices` that reads them as indices.
     ``q_start``: ``(vid, last)`` where a constant mask is sliced along the query axis at a start
     computed from the inputs (scalar ``vid``; ``lax.dynamic_slice`` clamps it into ``[0, last]``):
     the queries sit at ``clamp(start) + i``; with a query position array as well, the two must
@@ -70,7 +70,6 @@ class Positions:
     q: tuple | None
     kv: tuple | None
     slices: Slices
-    mixed: bool = False
     q_start: tuple | None = None
 
     @property
@@ -237,14 +236,11 @@ def find(
             )
         for v, lab in sorted(srcs, key=lambda x: (len(x[1]), x[0])):
             register(v, lab, s)
-    # a leaf comparing positions with the other side's *indices* (``arange(S) <= q_pos``) next to
-    # one with that side's positions: the two meet only where positions equal indices
-    mixed = (index_used["q"] and chosen["q"] is not None) or (index_used["kv"] and chosen["kv"] is not None)
     q_start = None
     if found["start"]:
         if len({x[0] for x in found["start"]}) > 1:
             raise NotSparsifiable("the attention mask slices constants at two different query starts")
-        if mixed or index_used["q"]:
+        if index_used["q"] or (index_used["kv"] and chosen["kv"] is not None):
             raise NotSparsifiable(
                 "the attention mask slices a constant at a query start and also compares query indices"
             )
@@ -256,7 +252,31 @@ def find(
             )
         index_of[v] = (axis, "start")
         q_start = (v, last)
-    return Positions(chosen["q"], chosen["kv"], Slices(ir, index_of), mixed, q_start)
+    return Positions(chosen["q"], chosen["kv"], Slices(ir, index_of), q_start)
+
+
+def index_atoms(pos: Positions, terms: list, t, kv) -> set:
+    """The score atoms that the mask ``terms`` (``(kind, vid, negate, labels)``, read through
+    ``pos.slices``) read by *index*: the axes they vary along with the position arrays held still
+    (``t``, ``kv``: the query and key atoms).
+
+    A constant sliced at the query start reads its rows at the query positions (``t`` is no
+    index read there); its other axes are indices.
+    """
+    sl = pos.slices
+    ir = sl.ir
+    held = Slices(ir, {v: (a, side if side == "start" else "held") for v, (a, side) in sl.index_of.items()})
+    start = {pos.q_start[0]} if pos.q_start is not None else set()
+    out: set = set()
+    for _, vid, _, lab in terms:
+        if len(ir.shape(vid)) != len(lab):  # labels not known per axis: it may read any index
+            out |= {t, kv}
+            continue
+        atoms = {a for d in held.deps(vid) for a in lab_ops.atoms(lab[d])}
+        if start and reads_any(ir, vid, start):
+            atoms.discard(t)
+        out |= atoms
+    return out
 
 
 def _query_start(ir: IR, sl: Slices, node, lab: tuple, q_free: set) -> tuple | None:
