@@ -23,6 +23,7 @@ MASKS = {
     "ahead": masks.sliding_window(100, 60),
     "dense": masks.full(),
     "sinks+window": masks.sink(4) | masks.sliding_window(127, 0),  # runs of keys, not one band
+    "dilated": masks.dilated_window(96, 2) & masks.causal(),  # progressions, not one band
 }
 
 # (mask, offsets per batch row, kv lengths (None: L), q lengths (None: SQ), documents, heads, kv heads)

@@ -104,13 +104,15 @@ CHUNKS = [
     (pc.CASES[0], 0),
     (pc.CASES[4], 16),
     (("sinks+window", [-50, 437, 900], [1000, 637, 1000], [200, 160, 200], True, 8, 2), 16),
+    (("dilated", [0, 613], None, None, False, 8, 2), 16),
 ]
 
 
 @pytest.mark.parametrize(("case", "page"), CHUNKS, ids=[f"{pc.case_id(c)}-page{p}" for c, p in CHUNKS])
 def test_a_chunk_at_an_offset_runs_on_blocks_of_rows(case, page, rng):
     """Chunked prefill: 200 tokens at offsets per batch row (rows before and past the cache see
-    nothing), with lengths, documents and pages, in blocks of 128 (token, head) rows."""
+    nothing), with lengths, documents and pages, in blocks of 128 (token, head) rows; a dilated
+    mask's tokens step from different residues, so its walk goes key by key."""
     x = pc.inputs(case)
     b = len(x.offsets)
     pos = x.offsets[:, None] + np.arange(pc.SQ)

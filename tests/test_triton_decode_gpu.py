@@ -148,21 +148,22 @@ def test_public_decode_runs_the_triton_kernel(page, rng):
     assert err <= 4 * FLOORS[np.dtype(jnp.bfloat16)] * np.abs(np.asarray(want, np.float32)).max()
 
 
+@pytest.mark.parametrize("name", ["sinks+window", "dilated"])
 @pytest.mark.parametrize("backend", ["triton", "auto"])
-def test_a_chunk_of_runs_of_keys_at_an_offset(backend, rng):
-    """Chunked prefill on a mask that is no one band (sinks + window): ``splat.attention`` with
-    ``q_offset`` runs the Triton kernel's blocks of rows (``auto``: after the CUDA band kernel
-    refuses the mask), contiguous and paged, against the float64 reference."""
+def test_a_chunk_of_a_mask_of_no_one_band_at_an_offset(backend, name, rng):
+    """Chunked prefill on a mask that is no one band (sinks + window; a dilated window, walked key
+    by key): ``splat.attention`` with ``q_offset`` runs the Triton kernel's blocks of rows
+    (``auto``: after the CUDA band kernel refuses the mask) against the float64 reference."""
     import prefill_cases as pc
 
-    case = ("sinks+window", [-50, 437, 800], [1000, 637, 1000], [200, 160, 200], True, 8, 2)
+    case = (name, [-50, 437, 800], [1000, 637, 1000], [200, 160, 200], True, 8, 2)
     x = pc.inputs(case)
     q, k, v = (jnp.asarray(a, jnp.bfloat16) for a in (x.q, x.k, x.v))
     kw = dict(segment_ids=jnp.asarray(x.runtime["ids"]), kv_segment_ids=jnp.asarray(x.runtime["kv_ids"]),
               query_seq_lengths=jnp.asarray(x.runtime["qlen"]),
               key_value_seq_lengths=jnp.asarray(x.runtime["kvlen"]))
     # traced offsets: a concrete one before the cache would be refused (ValueError) instead
-    fn = jax.jit(lambda q, k, v, off, kw: splat.attention(q, k, v, pc.MASKS["sinks+window"], q_offset=off,
+    fn = jax.jit(lambda q, k, v, off, kw: splat.attention(q, k, v, pc.MASKS[name], q_offset=off,
                                                           backend=backend, **kw))
     got = fn(q, k, v, jnp.asarray(x.offsets), kw)
     ref, _ = dc.reference(*(np.asarray(a, np.float32) for a in (q, k, v)), x.dense, 128**-0.5)

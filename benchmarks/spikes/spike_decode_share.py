@@ -52,7 +52,7 @@ def _prep(route: str):
                 sms = cb._sm_count()
                 out, _ = cuda_decode.forward(q, k, v, rt, layout, scale, None, sms, page_table=table)
                 return out
-            block_n, times = (int(t[2:]) for t in route.split("_"))
+            block_n, times = (int(t.lstrip("bnx")) for t in route.split("_"))
             planned = functools.partial(decode.plan, q.shape, k.shape[2], "bfloat16", layout, scale, None,
                                         tb._sm_count(), ids=bool(ids))
             real = decode.block_n_for

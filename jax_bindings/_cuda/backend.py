@@ -9,8 +9,8 @@ windows and strided, folded into heads by :mod:`jax_bindings._cuda.phases`), the
 or float16, on a GPU of compute capability 9.0 (H100, H200). Queries at run-time positions
 (``q_offset``: decode and speculative decoding against a KV cache, contiguous or paged) run on
 the decode route the numbers favour (:func:`decode_route`): the Triton decode kernel
-(:mod:`jax_bindings._triton.decode`) for runs of consecutive keys and a few tokens, the CUDA decode
-kernel (:mod:`jax_bindings._cuda.decode`) for every other layout of segments; longer chunks
+(:mod:`jax_bindings._triton.decode`) wherever it takes the call, the CUDA decode kernel
+(:mod:`jax_bindings._cuda.decode`) for head dims that are no power of two; longer chunks
 at an offset (chunked prefill) on the forward band kernel shifted to the chunk's rows, on plain
 bands. Everything else is refused with ``NotImplementedError`` naming why, so ``backend="auto"``
 moves on (to the Triton backend): other masks, head dims and dtypes, longer chunks at an offset
@@ -166,10 +166,10 @@ def _triton_backend():
 
 def decode_route(q, k, v, runtime, layout: ACSR, scale: float, soft_cap, page_table=None):
     """``(out, lse)`` of decode on the kernel measured faster for the call: the Triton decode kernel
-    wherever it takes it (runs of consecutive keys: causal, windows, sinks + window; contiguous or
-    paged; segment ids; up to 16 tokens; 1.11-1.52x this backend's decode kernel on H200,
-    :func:`jax_bindings._triton.decode.preferred`), else the CUDA decode kernel (strided segments,
-    up to 32 tokens, head dims that are no power of two)."""
+    wherever it takes it (up to four segments of runs or progressions of keys; contiguous or paged;
+    segment ids; 1.03-1.32x this backend's decode kernel on H100 and H200,
+    :func:`jax_bindings._triton.decode.preferred`), else the CUDA decode kernel (head dims that are
+    no power of two)."""
     triton = _triton_backend()
     dtype = jnp.dtype(q.dtype).name
     if triton is not None and triton.decode.preferred(layout, q.shape, k.shape[2], dtype):

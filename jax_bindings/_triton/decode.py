@@ -289,9 +289,11 @@ def refusal(layout: ACSR, q_shape, kv_heads: int, dtype: str) -> str | None:
 
 def preferred(layout: ACSR, q_shape, kv_heads: int, dtype: str) -> bool:
     """Whether decode should run here rather than on the CUDA decode kernel: wherever this kernel
-    takes the call (:func:`refusal`). Measured on H200 (bf16, Hq=32, Hk=8, D=128) at 1.11-1.32x
-    the CUDA decode kernel on every case both run: causal at three sizes, a window, sinks +
-    window, pages of 16, 4 and 16 query tokens."""
+    takes the call (:func:`refusal`). Measured (bf16, Hq=32, Hk=8, D=128) at 1.11-1.32x the CUDA
+    decode kernel on H200 on causal at three sizes, a window, sinks + window, pages of 16, 4 and
+    16 query tokens, and on H100 at 1.03-1.09x on causal at two sizes, the window, sinks +
+    window, a dilated window, documents and pages of 16 (``benchmarks/NOTES.md``, sessions 28 and
+    32)."""
     return refusal(layout, q_shape, kv_heads, dtype) is None
 
 
@@ -339,6 +341,11 @@ def splits_for(programs: int, tiles: int, sm_count: int, occupancy: int, max_spl
     return next(s for s, e in enumerate(effs, 1) if e >= 0.95 * best)
 
 
+# splits with segment ids, times those planned for the layout's longest row: on H100 (packed
+# documents of 4K-32K keys in a 32K cache, B=8) 4x read 1.20x faster than 1x, 1.08x faster than 2x
+IDS_SPLITS = 4
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """One call's launch: grid ``(splits, B * HK, row blocks)``, the constexprs and the outputs
@@ -381,6 +388,8 @@ def plan(q_shape, kv_heads: int, dtype: str, layout: ACSR, scale: float, soft_ca
         tiles = -(-int(layout.row_counts().max(initial=0)) // block_n) + nseg
         occupancy = programs_per_sm(block_n, d, itemsize, stages, warps)
         splits = splits_for(programs, tiles, sm_count, occupancy)
+        if ids:  # walks cut to documents are shorter than the row: the long ones take more programs
+            splits = min(IDS_SPLITS * splits, max(1, tiles // 4), 128)
     cx = (("IDS", bool(ids)), ("SCALE_LOG2", float(scale) * LOG2E), ("CAP", float(soft_cap or 0.0)),
           ("SQ", sq), ("H", h), ("HK", kv_heads), ("D", d), ("NSEG", nseg), ("STRIDED", strided(layout)),
           ("L", layout.kv_len), ("PAGE", page_size), ("MAX_PAGES", max_pages), ("N_PAGES", n_pages),
