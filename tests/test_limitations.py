@@ -153,7 +153,7 @@ def test_listed_fallback_warns_as_the_readme_says(name):
 
 def test_q_offset_is_exact_and_chunked_prefill_named_as_pure_jax_only():
     """Decode through q_offset gives the full sequence's row; the README says where it runs."""
-    assert _in_readme("Masks with a block-sparse residual or a grid layout, and chunks of strided masks")
+    assert _in_readme("Masks with a block-sparse residual or a grid layout are refused by the GPU kernels")
     q, k, v = _qkv()
     P = S - 1
     out = splat.attention(q[:, -1:], k, v, mask=masks.causal(), q_offset=P)
