@@ -14,6 +14,14 @@ A query at ``q_pos = -1`` (outside the layout) sees no key: its row is read at
 0 and its key range emptied, so no array is indexed at -1 (which would wrap to
 the last row).
 
+Keys may sit at run-time columns too (``kv_cols``, :func:`attention_at_columns`):
+key ``j`` of batch row ``b`` is then column ``kv_cols[b, j]`` of the layout, and
+membership is evaluated at that column, so keys that share a column share its
+mask entries (no permutation of the keys can express that, which is why the
+kernels cannot take it). The keys come sorted by column, so the keys a block
+of rows walks, those in its columns ``[first, last)``, are one run found by a
+binary search.
+
 Each block of ``_BLOCK_Q`` queries walks the keys between its rows' smallest
 first column and largest last one (after the runtime ranges), ``_CHUNK`` keys
 at a time, with an online softmax; the backward pass recomputes the
@@ -133,43 +141,47 @@ def _block_args(rows: _Rows, pos, limit, ids, bq):
     return (*out, None if ids is None else _blocked(ids, bq, 0))
 
 
-def _walk(lo, hi):
-    """First key and chunk count of a row block whose rows see ``[lo, hi)``."""
+def _walk(lo, hi, kcol):
+    """First key and chunk count of a row block whose rows see columns ``[lo, hi)``; ``kcol``:
+    the batch row's key columns (sorted, padded like ``kf``), or None (key ``j`` at column ``j``)."""
     has = hi > lo
     first = jnp.min(jnp.where(has, lo, _BIG))
     last = jnp.max(jnp.where(has, hi, 0))
+    if kcol is not None:  # the run of keys whose columns lie in [first, last)
+        first, last = jnp.searchsorted(kcol, first), jnp.searchsorted(kcol, last)
     return first, (jnp.maximum(last - first, 0) + _CHUNK - 1) // _CHUNK
 
 
 def _chunk(rows, kf, vf, keys, blk, first, c):
     """Chunk ``c`` of a row block: ``(start, keys, values, keep [BQ, _CHUNK])``. ``keys``: the
-    batch row's key side ``(kid, kok)``, each padded like ``kf`` or None."""
+    batch row's key side ``(kid, kok, kcol)``, each padded like ``kf`` or None."""
     pos, lo, hi, ids = blk
-    kid, kok = keys
+    kid, kok, kcol = keys
     start = first + c * _CHUNK
-    cols = start + jnp.arange(_CHUNK, dtype=jnp.int32)
+    idx = start + jnp.arange(_CHUNK, dtype=jnp.int32)
+    cols = idx if kcol is None else lax.dynamic_slice_in_dim(kcol, start, _CHUNK)
     keep = _member(rows, pos, cols) & (cols[None, :] >= lo[:, None]) & (cols[None, :] < hi[:, None])
     if ids is not None:
-        keep &= ids[:, None] == jnp.take(kid, cols, mode="clip")[None, :]
+        keep &= ids[:, None] == jnp.take(kid, idx, mode="clip")[None, :]
     if kok is not None:
-        keep &= jnp.take(kok, cols, mode="clip")[None, :]
+        keep &= jnp.take(kok, idx, mode="clip")[None, :]
     kc = lax.dynamic_slice_in_dim(kf, start, _CHUNK, axis=0)
     vc = lax.dynamic_slice_in_dim(vf, start, _CHUNK, axis=0)
     return start, kc, vc, keep
 
 
-def _fwd_one(rows, qs, kf, vf, pos, limit, ids, kid, kok, soft_cap):
+def _fwd_one(rows, qs, kf, vf, pos, limit, ids, kid, kok, kcol, soft_cap):
     """One batch row: ``qs [Sq, Hk, G, D]`` (scaled), ``kf, vf [Skv + _CHUNK, Hk, D]`` (padded)."""
     sq, hk, g, d = qs.shape
     bq = min(_BLOCK_Q, -(-sq // 8) * 8)
 
     def step(args):
         q_blk, blk = args[0], args[1:]
-        first, n = _walk(blk[1], blk[2])
+        first, n = _walk(blk[1], blk[2], kcol)
 
         def body(c, state):
             m, denom, acc = state
-            _, kc, vc, keep = _chunk(rows, kf, vf, (kid, kok), blk, first, c)
+            _, kc, vc, keep = _chunk(rows, kf, vf, (kid, kok, kcol), blk, first, c)
             s = capped(jnp.einsum("qhgd,khd->hgqk", q_blk, kc), soft_cap)[0]
             s = jnp.where(keep, s, _NEG_INF)
             m_new = jnp.maximum(m, s.max(axis=-1))
@@ -194,7 +206,7 @@ def _fwd_one(rows, qs, kf, vf, pos, limit, ids, kid, kok, soft_cap):
     return out.reshape(-1, hk, g, d)[:sq], lse.reshape(-1, hk, g)[:sq]
 
 
-def _bwd_one(rows, qs, kf, vf, dof, lse, delta, pos, limit, ids, kid, kok, soft_cap):
+def _bwd_one(rows, qs, kf, vf, dof, lse, delta, pos, limit, ids, kid, kok, kcol, soft_cap):
     """One batch row's ``(dq_s, dk, dv)`` (dq w.r.t. the scaled q; dk, dv padded like kf)."""
     sq, hk, g, d = qs.shape
     bq = min(_BLOCK_Q, -(-sq // 8) * 8)
@@ -208,13 +220,13 @@ def _bwd_one(rows, qs, kf, vf, dof, lse, delta, pos, limit, ids, kid, kok, soft_
 
     def step(carry, args):
         q_blk, do_blk, lse_blk, delta_blk, blk = args[0], args[1], args[2], args[3], args[4:]
-        first, n = _walk(blk[1], blk[2])
+        first, n = _walk(blk[1], blk[2], kcol)
         lse_t = jnp.moveaxis(lse_blk, 0, 2)[..., None]  # [Hk, G, bq, 1]
         delta_t = jnp.moveaxis(delta_blk, 0, 2)[..., None]
 
         def body(c, state):
             dq, dk, dv = state
-            start, kc, vc, keep = _chunk(rows, kf, vf, (kid, kok), blk, first, c)
+            start, kc, vc, keep = _chunk(rows, kf, vf, (kid, kok, kcol), blk, first, c)
             s, t = capped(jnp.einsum("qhgd,khd->hgqk", q_blk, kc), soft_cap)
             p = jnp.where(keep, jnp.exp(jnp.minimum(s - lse_t, 0.0)), 0.0)
             dp = jnp.einsum("qhgd,khd->hgqk", do_blk, vc)
@@ -239,9 +251,11 @@ def _bwd_one(rows, qs, kf, vf, dof, lse, delta, pos, limit, ids, kid, kok, soft_
     return dq.reshape(-1, hk, g, d)[:sq], dk, dv
 
 
-def _seen(rt, skv, kv_ok):
-    """``[B, Skv]``: the keys a batch row may see (below ``kv_len``, and ``kv_ok`` where given)."""
-    seen = jnp.arange(skv)[None, :] < rt.kv_len[:, None]
+def _seen(rt, skv, kv_ok, kv_cols):
+    """``[B, Skv]``: the keys a batch row may see (at a column in ``[0, kv_len)``, and ``kv_ok``
+    where given)."""
+    cols = jnp.arange(skv)[None, :] if kv_cols is None else kv_cols
+    seen = (cols >= 0) & (cols < rt.kv_len[:, None])
     return seen if kv_ok is None else seen & kv_ok
 
 
@@ -273,34 +287,78 @@ def _kok(kv_ok):
     return None if kv_ok is None else jnp.pad(kv_ok, ((0, 0), (0, _CHUNK)))
 
 
-def attention_fwd(q, k, v, rt, layout: ACSR, scale: float, soft_cap=None, kv_ok=None):
+def _kcol(kv_cols):
+    """``kv_cols`` padded like ``kf`` with a column past every row (still sorted), or None."""
+    if kv_cols is None:
+        return None
+    return jnp.pad(kv_cols.astype(jnp.int32), ((0, 0), (0, _CHUNK)), constant_values=_BIG)
+
+
+def attention_fwd(q, k, v, rt, layout: ACSR, scale: float, soft_cap=None, kv_ok=None, kv_cols=None):
     """``(out, lse)`` as the backend contract says, rows at ``rt.q_pos``.
 
     ``kv_ok``: bool ``[B, Skv]`` or None: keys where it is False are never seen (AND-ed with the
-    runtime mask's key side; the paged cache's keys on pages out of range).
+    runtime mask's key side; the paged cache's keys on pages out of range). ``kv_cols``: int
+    ``[B, Skv]``, non-decreasing along each row, or None: key ``j`` sits at column
+    ``kv_cols[b, j]`` of the layout (keys may share one); a column outside ``[0, kv_len)`` is
+    never seen. None: column ``j``.
     """
     b, sq, h, d = q.shape
     rows = _rows(layout)
-    qs, kf, vf = _prep(q, k, v, scale, _seen(rt, k.shape[1], kv_ok))
+    qs, kf, vf = _prep(q, k, v, scale, _seen(rt, k.shape[1], kv_ok, kv_cols))
     one = functools.partial(_fwd_one, rows, soft_cap=soft_cap)
-    args = (rt.q_pos, _key_limit(rt, sq), rt.q_ids, _kid(rt), _kok(kv_ok))
+    args = (rt.q_pos, _key_limit(rt, sq), rt.q_ids, _kid(rt), _kok(kv_ok), _kcol(kv_cols))
     out, lse = jax.vmap(one)(qs, kf, vf, *args)
     lse = jnp.moveaxis(lse.reshape(b, sq, h), 1, 2)
     return out.reshape(b, sq, h, d).astype(q.dtype), lse
 
 
-def attention_bwd(q, k, v, rt, out, lse, dout, layout: ACSR, scale: float, soft_cap=None):
-    """``(dq, dk, dv)`` as the backend contract says, rows at ``rt.q_pos``."""
+def attention_bwd(q, k, v, rt, out, lse, dout, layout: ACSR, scale: float, soft_cap=None, kv_cols=None):
+    """``(dq, dk, dv)`` as the backend contract says, rows at ``rt.q_pos``; ``kv_cols`` as for
+    :func:`attention_fwd`."""
     b, sq, h, d = q.shape
     skv, hk = k.shape[1], k.shape[2]
     rows = _rows(layout)
-    qs, kf, vf = _prep(q, k, v, scale, _seen(rt, skv, None))
+    qs, kf, vf = _prep(q, k, v, scale, _seen(rt, skv, None, kv_cols))
     dof = dout.astype(_F32).reshape(qs.shape)
     delta = jnp.einsum("bshd,bshd->bsh", dout.astype(_F32), out.astype(_F32)).reshape(b, sq, hk, h // hk)
     lse = jnp.moveaxis(lse.astype(_F32), 1, 2).reshape(b, sq, hk, h // hk)
     lse = jnp.where(lse == _NEG_INF, 0.0, lse)  # empty rows: every probability is masked anyway
     one = functools.partial(_bwd_one, rows, soft_cap=soft_cap)
     limit = _key_limit(rt, sq)
-    dq, dk, dv = jax.vmap(one)(qs, kf, vf, dof, lse, delta, rt.q_pos, limit, rt.q_ids, _kid(rt), None)
+    args = (rt.q_pos, limit, rt.q_ids, _kid(rt), None, _kcol(kv_cols))
+    dq, dk, dv = jax.vmap(one)(qs, kf, vf, dof, lse, delta, *args)
     dq = (dq * scale).reshape(b, sq, h, d).astype(q.dtype)
     return dq, dk[:, :skv].astype(k.dtype), dv[:, :skv].astype(v.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def attention_at_columns(q, k, v, rt, kv_cols, layout: ACSR, scale: float, soft_cap=None):
+    """Differentiable attention, rows at ``rt.q_pos`` and keys at columns ``kv_cols`` (int
+    ``[B, Skv]``, non-decreasing; see :func:`attention_fwd`): ``[B, Sq, H, D]`` in q's dtype.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, numpy as np, acsr
+      >>> from jax_bindings import _runtime
+      >>> q, k, v = jax.random.normal(jax.random.key(0), (3, 1, 4, 2, 8))
+      >>> rt = _runtime.build(1, 4, 4, q_positions=jnp.array([[0, 1, 2, 3]]), layout_rows=4)
+      >>> cols = jnp.array([[0, 1, 1, 3]])   # keys 1 and 2 share column 1
+      >>> layout = acsr.from_dense(np.tril(np.ones((4, 4), bool)))
+      >>> attention_at_columns(q, k, v, rt, cols, layout, 8 ** -0.5).shape
+      (1, 4, 2, 8)
+    """
+    return attention_fwd(q, k, v, rt, layout, scale, soft_cap, kv_cols=kv_cols)[0]
+
+
+def _at_columns_fwd(q, k, v, rt, kv_cols, layout, scale, soft_cap):
+    out, lse = attention_fwd(q, k, v, rt, layout, scale, soft_cap, kv_cols=kv_cols)
+    return out, (q, k, v, rt, kv_cols, out, lse)
+
+
+def _at_columns_bwd(layout, scale, soft_cap, res, dout):
+    q, k, v, rt, kv_cols, out, lse = res
+    dq, dk, dv = attention_bwd(q, k, v, rt, out, lse, dout, layout, scale, soft_cap, kv_cols=kv_cols)
+    return dq, dk, dv, None, None  # integer arrays: no gradient
+
+
+attention_at_columns.defvjp(_at_columns_fwd, _at_columns_bwd)

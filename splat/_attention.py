@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from acsr import ACSR
-from jax_bindings import _dispatch
+from jax_bindings import _dispatch, _pure_rows
 from splat import _per_head, _runtime_args
 
 _DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
@@ -191,10 +191,21 @@ def attention(
         ``kv_positions[b, j]`` (column of the static mask); query ``i`` sees key
         ``j`` where the mask holds at ``(q_positions[b, i], kv_positions[b, j])``
         (``q_positions`` defaults to ``arange(Sq)``). A negative position (or one
-        at or past ``Skv``) is padding: that key is never seen. Keys that are
-        seen must sit at distinct positions; a batch row where two share one
-        outputs NaN. Where every seen key sits at its own index nothing moves;
-        otherwise keys and values are gathered into position order first.
+        at or past ``Skv``) is padding: that key is never seen. Keys may share a
+        position: they then share its mask column. Where every seen key sits at
+        its own index nothing moves; where the positions are distinct keys and
+        values are gathered into position order first; where two keys of a call
+        share a position the whole call runs on the pure-JAX rows
+        (``jax_bindings._pure_rows``, whatever ``backend`` says), which evaluate
+        the mask at each key's position: exact, but without the kernels' speed.
+
+        The static mask is defined at positions in ``[0, Skv)`` only: outside,
+        the rules above hold (a query sees no key, a key is padding), whatever
+        the mask's formula would give there. A caller whose own mask reaches
+        further (a window on positions that may run past the cache, a negative
+        position with no padding term) keeps its positions inside or handles
+        the rest itself, as :func:`splat.sparsify` does (it checks at run time
+        and runs the original attention where they are not).
       backend: one of ``jax_bindings.BACKENDS``: ``"auto"`` (the fastest
         backend here that takes the call: the generated CUDA kernels (Hopper,
         one-band masks, with or without segment ids and lengths, and the
@@ -256,24 +267,12 @@ def attention(
             backend=backend,
         )
     (b, sq), skv = q.shape[:2], k.shape[1]
-    bad = None
     if kv_positions is not None:
-        k, v, segment_ids, kv_segment_ids, bad = _runtime_args.keys_at_positions(
-            k, v, kv_positions, segment_ids, kv_segment_ids, sq
+        kv_pos, segment_ids, kv_ids = _runtime_args.key_positions_args(
+            k, kv_positions, segment_ids, kv_segment_ids, sq
         )
         if q_positions is None and q_offset is None:
             q_positions = jnp.broadcast_to(jnp.arange(sq, dtype=jnp.int32), (b, sq))
-    runtime = _runtime_args.runtime_mask(
-        b,
-        sq,
-        skv,
-        segment_ids=segment_ids,
-        kv_segment_ids=kv_segment_ids,
-        query_seq_lengths=query_seq_lengths,
-        key_value_seq_lengths=key_value_seq_lengths,
-        q_offset=q_offset,
-        q_positions=q_positions,
-    )
     at_positions = q_offset is not None or q_positions is not None
     rows = skv if at_positions else sq
     per_head = _per_head.head_masks(mask)
@@ -282,13 +281,37 @@ def attention(
     else:  # one layout per query head; equal masks on every head are the one-mask call itself
         layouts = _per_head.query_head_layouts(per_head, rows, skv, q.shape[2], k.shape[2])
         layout = layouts[0] if len(set(layouts)) == 1 else layouts
-    if isinstance(layout, ACSR):
-        out = _attend(q, k, v, layout, s, backend, runtime=runtime, soft_cap=cap)
-    else:
-        out = _per_head.attend(q, k, v, layout, s, backend, runtime=runtime, soft_cap=cap)
-    if bad is not None:  # two seen keys at one position: no column order expresses it
-        out = jnp.where(bad[:, None, None, None], jnp.nan, out)
-    return out
+
+    def attend(k, v, segment_ids, kv_segment_ids, kv_cols=None):
+        runtime = _runtime_args.runtime_mask(
+            b,
+            sq,
+            skv,
+            segment_ids=segment_ids,
+            kv_segment_ids=kv_segment_ids,
+            query_seq_lengths=query_seq_lengths,
+            key_value_seq_lengths=key_value_seq_lengths,
+            q_offset=q_offset,
+            q_positions=q_positions,
+        )
+        if kv_cols is not None:
+            runtime = _runtime_args.KeysAtColumns(runtime, kv_cols)
+        if isinstance(layout, ACSR):
+            return _attend(q, k, v, layout, s, backend, runtime=runtime, soft_cap=cap)
+        return _per_head.attend(q, k, v, layout, s, backend, runtime=runtime, soft_cap=cap)
+
+    if kv_positions is None:
+        return attend(k, v, segment_ids, kv_segment_ids)
+
+    def in_columns():  # distinct positions: the keys move to their columns, any backend runs
+        k2, v2, ok, ids = _runtime_args.place_keys(k, v, kv_pos, kv_ids)
+        return attend(k2, v2, *_runtime_args.key_ids(segment_ids, ids, ok, sq))
+
+    def at_columns():  # keys that share a column share its mask entries: no column order says so
+        k2, v2, ok, ids, cols = _runtime_args.sort_keys(k, v, kv_pos, kv_ids)
+        return attend(k2, v2, *_runtime_args.key_ids(segment_ids, ids, ok, sq), kv_cols=cols)
+
+    return jax.lax.cond(_runtime_args.distinct_positions(kv_pos), in_columns, at_columns)
 
 
 def _check_qkv(query, key, value, scale) -> tuple[jax.Array, jax.Array, jax.Array, float]:
@@ -320,9 +343,13 @@ def _attend(
 
     For callers that ran them once already: ``q, k, v, scale`` from :func:`_check_qkv`, ``layout``
     of shape ``(Sq, Skv)`` (``(Skv, Skv)`` with a ``q_offset``) from the analyzer, ``backend``
-    validated when the caller was built, ``runtime`` from :func:`splat._runtime_args.runtime_mask`,
-    ``soft_cap`` from :func:`splat._runtime_args.check_soft_cap`.
+    validated when the caller was built, ``runtime`` from :func:`splat._runtime_args.runtime_mask`
+    (or a :class:`splat._runtime_args.KeysAtColumns` of it: keys sharing columns, which only the
+    pure-JAX rows take), ``soft_cap`` from :func:`splat._runtime_args.check_soft_cap`.
     """
+    if isinstance(runtime, _runtime_args.KeysAtColumns):
+        cols, flat = runtime.kv_cols, layout.flat
+        return _pure_rows.attention_at_columns(q, k, v, runtime.mask, cols, flat, scale, soft_cap)
     return _dispatch.attention(q, k, v, layout, scale, backend, runtime=runtime, soft_cap=soft_cap)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -145,15 +146,57 @@ def kv_positions_array(kv_positions, batch: int, kv_len: int):
     return _int_array("kv_positions", kv_positions, (batch, kv_len), "[B, Skv]")
 
 
+class KeysAtColumns(NamedTuple):
+    """A runtime mask whose keys sit at run-time columns of the static layout, some sharing one.
+
+    ``mask``: the :class:`~jax_bindings._runtime.RuntimeMask` (with ``q_pos``); ``kv_cols``: int32
+    ``[B, Skv]``, non-decreasing along each row: key ``j`` of batch row ``b`` is column
+    ``kv_cols[b, j]`` (``Skv``: never seen). No kernel takes keys that share a column, so
+    :func:`splat._attention._attend` runs this with :func:`jax_bindings._pure_rows.attention_at_columns`,
+    whatever the backend.
+    """
+
+    mask: _runtime.RuntimeMask
+    kv_cols: jax.Array
+
+
+@jax.custom_batching.custom_vmap
+def everywhere(flag: jax.Array) -> jax.Array:
+    """``flag``, a scalar bool that picks the fast branch of a ``lax.cond`` whose branches agree
+    where it holds; under ``vmap``, whether it holds for every mapped row, unbatched.
+
+    A batched predicate turns ``lax.cond`` into a ``select`` that runs both branches; the flag
+    picks a route, not a value, so one answer for all mapped rows keeps the cond a cond.
+    """
+    return flag
+
+
+@everywhere.def_vmap
+def _everywhere_vmap(axis_size, in_batched, flag):
+    return everywhere(jnp.all(flag) if in_batched[0] else flag), False
+
+
+def distinct_positions(kv_positions) -> jax.Array:
+    """A scalar bool: whether no two keys of a batch row sit at one position inside ``[0, Skv)``
+    (:func:`everywhere`: under ``vmap``, in no mapped row either).
+
+    ``O(B * Skv)``: a count of the keys at each position.
+    """
+    b, skv = kv_positions.shape
+    pos = jnp.asarray(kv_positions).astype(jnp.int32)
+    column = jnp.where((pos >= 0) & (pos < skv), pos, skv)  # outside: one extra column, not counted
+    count = jnp.zeros((b, skv + 1), jnp.int32).at[jnp.arange(b)[:, None], column].add(1)
+    return everywhere(jnp.all(count[:, :skv] <= 1))
+
+
 def place_keys(k, v, kv_positions, kv_segment_ids):
     """Keys and values moved to the static mask's columns their positions name.
 
     Key ``j`` of batch row ``b`` is column ``kv_positions[b, j]`` of the static mask; a negative
-    position (or one at or past ``Skv``) is padding, never seen. Returns ``(k, v, kv_ok, bad)``:
-    ``k, v [B, Skv, Hk, D]`` in column order, ``kv_ok [B, Skv]`` (the columns a key sits at,
-    AND ``kv_segment_ids``'s own rule left to the caller, which gets the ids moved too when
-    given: ``(k, v, kv_ok, bad, ids)``), ``bad [B]``: rows where two seen keys share a
-    position, which no column order can express.
+    position (or one at or past ``Skv``) is padding, never seen. Positions inside ``[0, Skv)`` must
+    be distinct (:func:`distinct_positions`; otherwise see :func:`sort_keys`). Returns ``(k, v,
+    kv_ok, ids)``: ``k, v [B, Skv, Hk, D]`` in column order, ``kv_ok [B, Skv]`` (the columns a key
+    sits at), ``ids`` ``kv_segment_ids`` moved alike (None when None).
 
     Where every seen key already sits at its own index (no padding before it: the common case,
     a cache filled from the start) nothing is moved; a ``lax.cond`` picks that branch on device.
@@ -162,7 +205,7 @@ def place_keys(k, v, kv_positions, kv_segment_ids):
     pos = jnp.asarray(kv_positions).astype(jnp.int32)
     seen = (pos >= 0) & (pos < skv)
     j = jnp.arange(skv, dtype=jnp.int32)[None, :]
-    in_place = jnp.all(~seen | (pos == j))
+    in_place = everywhere(jnp.all(~seen | (pos == j)))
     ids = kv_segment_ids
 
     def keep():
@@ -180,15 +223,34 @@ def place_keys(k, v, kv_positions, kv_segment_ids):
         ids2 = None if ids is None else take(ids, src)
         return k2, v2, has, ids2
 
-    k, v, ok, ids = jax.lax.cond(in_place, keep, move)
-    count = jnp.zeros((b, skv + 1), jnp.int32).at[jnp.arange(b)[:, None], jnp.where(seen, pos, skv)].add(1)
-    bad = jnp.any(count[:, :skv] > 1, axis=1)
-    return k, v, ok, bad, ids
+    return jax.lax.cond(in_place, keep, move)
 
 
-def keys_at_positions(k, v, kv_positions, segment_ids, kv_segment_ids, q_len: int):
-    """:func:`splat.attention`'s ``kv_positions``: keys and values in column order, the key
-    padding as segment ids. Returns ``(k, v, segment_ids, kv_segment_ids, bad)``."""
+def sort_keys(k, v, kv_positions, kv_segment_ids):
+    """Keys and values in the order of their positions, which may repeat: ``(k, v, kv_ok, ids,
+    kv_cols)``, as :func:`place_keys` returns them, and ``kv_cols`` int32 ``[B, Skv]`` the sorted
+    positions (``Skv`` for padding, sorted last): the columns of :class:`KeysAtColumns`."""
+    skv = kv_positions.shape[1]
+    pos = jnp.asarray(kv_positions).astype(jnp.int32)
+    cols = jnp.where((pos >= 0) & (pos < skv), pos, skv)
+    order = jnp.argsort(cols, axis=1, stable=True)
+    take = functools.partial(jnp.take_along_axis, axis=1)
+    ids = None if kv_segment_ids is None else take(kv_segment_ids, order)
+    cols = take(cols, order)
+    return take(k, order[:, :, None, None]), take(v, order[:, :, None, None]), cols < skv, ids, cols
+
+
+def key_ids(segment_ids, kv_ids, kv_ok, q_len: int):
+    """``(segment_ids, kv_segment_ids)`` int32 with the keys outside ``kv_ok`` as padding: ids
+    doubled (even), padding odd, never equal to a query's id; without ids, queries 0 and padding 1."""
+    if kv_ids is None:
+        return jnp.zeros((kv_ok.shape[0], q_len), jnp.int32), jnp.where(kv_ok, 0, 1).astype(jnp.int32)
+    return 2 * segment_ids.astype(jnp.int32), jnp.where(kv_ok, 2 * kv_ids, 1).astype(jnp.int32)
+
+
+def key_positions_args(k, kv_positions, segment_ids, kv_segment_ids, q_len: int):
+    """:func:`splat.attention`'s ``kv_positions`` and segment ids checked: ``(kv_positions,
+    segment_ids, kv_ids)``, ``kv_ids`` int32 ``[B, Skv]`` or None (no ids)."""
     b, skv = k.shape[:2]
     pos = kv_positions_array(kv_positions, b, skv)
     if segment_ids is not None:
@@ -204,9 +266,4 @@ def keys_at_positions(k, v, kv_positions, segment_ids, kv_segment_ids, q_len: in
         raise ValueError("kv_segment_ids needs segment_ids (the queries' ids)")
     else:
         ids = None
-    k, v, ok, bad, ids = place_keys(k, v, pos, ids)
-    if ids is None:
-        return k, v, jnp.zeros((b, q_len), jnp.int32), jnp.where(ok, 0, 1).astype(jnp.int32), bad
-    # ids doubled (even), padding odd: never equal to a query's id
-    q_ids = 2 * segment_ids.astype(jnp.int32)
-    return k, v, q_ids, jnp.where(ok, 2 * ids, 1).astype(jnp.int32), bad
+    return pos, segment_ids, ids

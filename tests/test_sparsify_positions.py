@@ -13,7 +13,9 @@ steps included.
 Where a side is read both by index and by position (Gemma's decode: a causal mask on cache
 indices AND a window on the positions the cache stores, 0 in slots not yet written), that side
 goes at its indices and its positions are checked at run time only where the other terms let a
-pair be seen (``splat._sparsify.guard``); the ``guard_results`` fixture records which branch ran.
+pair be seen (``splat._sparsify.guard``). Positions passed are checked to lie inside the mask
+(splat's mask has no entry outside; the original's may see there), keys hidden by padding or a
+term on key positions alone excepted. The ``guard_results`` fixture records which branch ran.
 """
 
 from __future__ import annotations
@@ -77,8 +79,9 @@ def side_input_positions(q, k, v, q_pos, kv_pos):
 
 
 @pytest.mark.parametrize("t", [8, 1], ids=["chunk", "one_token"])
-def test_side_input_positions_decode_at_run_time_rows(rng, t):
-    """A cache of S slots filled up to ``end``; the new queries sit at ``end + [0, t)``."""
+def test_side_input_positions_decode_at_run_time_rows(rng, guard_results, t):
+    """A cache of S slots filled up to ``end``; the new queries sit at ``end + [0, t)``. The slots
+    not yet written sit at -1, outside the mask: ``kv_pos >= 0`` hides them, so splat runs."""
     q, k, v = _qkv(rng, t=t)
     end = 13
     kv_pos = jnp.where(jnp.arange(S) < end + t, jnp.arange(S), -1)[None].repeat(B, 0)
@@ -86,9 +89,10 @@ def test_side_input_positions_decode_at_run_time_rows(rng, t):
     _substituted(
         side_input_positions, (q, k, v, q_pos, kv_pos), masks.sliding_window(WIN - 1, 0), ("positions",), True
     )
+    assert guard_results and all(guard_results)
 
 
-def test_left_padded_positions_move_the_keys(rng):
+def test_left_padded_positions_move_the_keys(rng, guard_results):
     """Left padding: positions start after the padding, keys are gathered to their positions."""
     q, k, v = _qkv(rng)
     pad = jnp.asarray([[3], [0]])
@@ -98,6 +102,47 @@ def test_left_padded_positions_move_the_keys(rng):
     _substituted(
         side_input_positions, (q, k, v, q_pos, kv_pos), masks.sliding_window(WIN - 1, 0), ("positions",), True
     )
+    assert guard_results and all(guard_results)
+
+
+def window_without_padding(q, k, v, q_pos, kv_pos):
+    """penzai's window with no ``kv_pos >= 0`` term: a key at a negative position is seen wherever
+    the window reaches it."""
+    keep = (q_pos[:, :, None] >= kv_pos[:, None, :]) & (q_pos[:, :, None] - kv_pos[:, None, :] < WIN)
+    return _gqa(q, k, v, keep)
+
+
+@pytest.mark.parametrize("pad", [0, 3], ids=["inside", "negative"])
+def test_keys_outside_the_mask_run_the_original(rng, guard_results, pad):
+    """splat's mask has no column for a negative position (such a key is padding there); without
+    a term that hides it, the original's window sees it: the check sends that call to the original
+    attention, and keeps splat where every key is inside."""
+    q, k, v = _qkv(rng)
+    pos = jnp.arange(S)[None] - jnp.asarray([[pad], [0]])
+    args = (q, k, v, jnp.maximum(pos, 0), pos)
+    _substituted(window_without_padding, args, masks.sliding_window(WIN - 1, 0), ("positions",), True)
+    assert guard_results and set(guard_results) == {pad == 0}
+
+
+def test_positions_past_the_mask_run_the_original(rng, guard_results):
+    """Positions shifted past the mask's rows and columns (a ring buffer's, a long sequence's) have
+    no entry in splat's mask, though the window on them sees keys: the original runs, exact."""
+    q, k, v = _qkv(rng)
+    pos = jnp.arange(S)[None] + jnp.asarray([[0], [10]])
+    args = (q, k, v, pos, pos)
+    _substituted(side_input_positions, args, masks.sliding_window(WIN - 1, 0), ("positions",), True)
+    assert guard_results and not any(guard_results)
+
+
+def test_keys_sharing_a_position_are_each_seen(rng, guard_results):
+    """Two keys at one position (a token written twice) both sit in that position's column, as in
+    the original mask: splat runs, exact."""
+    q, k, v = _qkv(rng)
+    pos = jnp.arange(S)[None].repeat(B, 0)
+    kv_pos = pos.at[0, 5].set(4).at[1, 9].set(7).at[1, 10].set(7)
+    args = (q, k, v, pos, kv_pos)
+    _substituted(side_input_positions, args, masks.sliding_window(WIN - 1, 0), ("positions",), True)
+    assert guard_results and all(guard_results)
 
 
 def keras_cache(q, k, v, cache_index):
@@ -109,9 +154,18 @@ def keras_cache(q, k, v, cache_index):
 
 
 @pytest.mark.parametrize("t", [4, 1])
-def test_cache_index_is_a_query_position(rng, t):
+def test_cache_index_is_a_query_position(rng, guard_results, t):
     q, k, v = _qkv(rng, t=t)
     _substituted(keras_cache, (q, k, v, jnp.asarray(9, jnp.int32)), masks.causal(), ("positions",), True)
+    assert guard_results and all(guard_results)
+
+
+def test_queries_past_the_cache_run_the_original(rng, guard_results):
+    """Four queries from cache index 30 of a 32-slot cache: the last two sit past the mask's rows,
+    where splat's mask has no row, while Keras's ``i >= j`` lets them see the whole cache."""
+    q, k, v = _qkv(rng, t=4)
+    _substituted(keras_cache, (q, k, v, jnp.asarray(30, jnp.int32)), masks.causal(), ("positions",), True)
+    assert guard_results and not any(guard_results)
 
 
 def positions_window(q, k, v, tokens):
@@ -154,20 +208,22 @@ def test_values_of_the_inputs_are_no_positions(rng):
 
 
 def test_attention_positions_argument_matches_dense(rng):
-    """splat.attention's q_positions / kv_positions against the dense mask taken at them."""
+    """splat.attention's q_positions / kv_positions against the dense mask taken at them; two keys
+    at one position share its column (``tests/test_positions_shared.py`` checks more)."""
     q, k, v = _qkv(rng, t=3, s=16)
     qp = jnp.asarray([[7, 8, 9], [3, 4, -1]])
     kp = jnp.stack([jnp.where(jnp.arange(16) >= 3, jnp.arange(16) - 3, -1), jnp.arange(16)])
-    got = splat.attention(q, k, v, masks.sliding_window(3, 0), q_positions=qp, kv_positions=kp, backend="jax")
-    m = (qp[:, :, None] >= kp[:, None, :]) & (qp[:, :, None] - kp[:, None, :] < 4)
-    m &= (kp[:, None, :] >= 0) & (qp[:, :, None] >= 0)
     kr, vr = (jnp.repeat(x, H // HK, axis=2) for x in (k, v))
-    s = jnp.where(m[:, None], jnp.einsum("bqhd,bkhd->bhqk", q, kr) * D**-0.5, -jnp.inf)
-    p = jnp.nan_to_num(jax.nn.softmax(s, -1))
-    np.testing.assert_allclose(np.asarray(got), np.asarray(jnp.einsum("bhqk,bkhd->bqhd", p, vr)), **TOL)
-    dup = kp.at[0, 5].set(4)  # two keys at one position: that batch row is NaN, the other exact
-    got = splat.attention(q, k, v, masks.causal(), q_positions=qp, kv_positions=dup, backend="jax")
-    assert np.isnan(np.asarray(got[0])).all() and np.isfinite(np.asarray(got[1])).all()
+    for kv_pos in (kp, kp.at[0, 5].set(4)):
+        got = splat.attention(
+            q, k, v, masks.sliding_window(3, 0), q_positions=qp, kv_positions=kv_pos, backend="jax"
+        )
+        m = (qp[:, :, None] >= kv_pos[:, None, :]) & (qp[:, :, None] - kv_pos[:, None, :] < 4)
+        m &= (kv_pos[:, None, :] >= 0) & (qp[:, :, None] >= 0)
+        s = jnp.where(m[:, None], jnp.einsum("bqhd,bkhd->bhqk", q, kr) * D**-0.5, -jnp.inf)
+        p = jnp.nan_to_num(jax.nn.softmax(s, -1))
+        want = jnp.einsum("bhqk,bkhd->bqhd", p, vr)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), **TOL)
 
 
 def _band(s: int):

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from splat import _attention
+from splat._runtime_args import everywhere
 from splat._sparsify import runtime as rt_ops
 from splat._sparsify.guard import Guard, positions_hold
 from splat._sparsify.ir import run_nodes
@@ -68,15 +69,17 @@ def attention_call(
     guard: Guard | None = None,
     consts=None,
 ) -> Callable:
-    """``run(q, k, v, *runtime arrays, *position arrays, *dense reads)``: splat's attention on the
-    matched operands.
+    """``run(q, k, v, *runtime arrays, *position arrays, *key terms, *dense reads)``: splat's
+    attention on the matched operands (the last two with a ``guard``).
 
     ``positions`` (:class:`positions.Positions`): pass its arrays as ``q_positions`` /
     ``kv_positions`` (the queries at ``clamp(start) + i`` where a constant is sliced at a start and
     no query array exists), but those of ``guard.checked``: those sides go at their indices, their
-    positions checked to equal them where the mask lets a pair be seen (:mod:`guard`); with a query
-    array and a start, the two are checked equal. Where a check fails the original attention
-    (``guard.nodes``, reading ``guard.reads``) runs.
+    positions checked to equal them where the mask lets a pair be seen (:mod:`guard`). Positions
+    passed are checked to lie inside the mask, keys hidden by padding excepted; with a query array
+    and a start, the two are checked equal. Where a check fails the original attention
+    (``guard.nodes``, reading ``guard.reads``) runs. ``guard`` is None only where nothing needs a
+    check (no position array: the rows of a sliced constant lie inside it by construction).
     """
     sizes, batch, heads, group, t, kv = a.sizes, a.batch, a.heads, a.group, a.t, a.kv
     q_len, kv_len = sizes[t], sizes[kv]
@@ -109,7 +112,8 @@ def attention_call(
         rt_vals, pos_vals = extra[:n_rt], extra[n_rt : n_rt + n_pos]
         if guard is None:
             return core(qv, kv_arr, vv, rt_vals, *position_arrays(pos_vals))
-        reads = extra[n_rt + n_pos :]
+        n_key = len(guard.key_terms.vids)
+        key_vals, reads = extra[n_rt + n_pos : n_rt + n_pos + n_key], extra[n_rt + n_pos + n_key :]
         live = [v for v in guard.reads if v not in consts]
         fixed = {v: consts[v] for v in guard.reads if v in consts}
 
@@ -118,19 +122,22 @@ def attention_call(
             return run_nodes(guard.nodes, live, [vals[v] for v in live], fixed, guard.out)
 
         qp, kp = position_arrays(pos_vals)
-        if guard.checked:  # checked sides go at their indices
-            q_at, kv_at = "q" in guard.checked, "kv" in guard.checked
-            q_rows = qp  # the rows of the call's mask the queries take
-            if q_at or qp is None:
-                b = math.prod(sizes[lab] for lab in batch)
-                q_rows = jnp.broadcast_to(jnp.arange(q_len, dtype=jnp.int32), (b, q_len))
-            kv_ok = rt_ops.key_valid(runtime, rt_vals, batch, t, kv, sizes) if rt_vals else None
-            ok = positions_hold(guard, q_rows, qp if q_at else None, kp if kv_at else None, kv_ok)
-            qp, kp = (None if q_at else qp), (None if kv_at else kp)
-        else:  # the query positions and the sliced rows must agree
-            ok = jnp.all(qp == sliced_rows(pos_vals[-1])[None, :])
+        q_at, kv_at = "q" in guard.checked, "kv" in guard.checked  # checked sides go at their indices
+        q_rows = qp  # the rows of the call's mask the queries take
+        if q_at or qp is None:
+            b = math.prod(sizes[lab] for lab in batch)
+            q_rows = jnp.broadcast_to(jnp.arange(q_len, dtype=jnp.int32), (b, q_len))
+        kv_ok = rt_ops.key_valid(runtime, rt_vals, batch, t, kv, sizes) if rt_vals else None
+        if key_vals:  # the terms on key positions alone: padding too, for keys outside the mask
+            by_position = rt_ops.key_valid(guard.key_terms, key_vals, batch, t, kv, sizes)
+            kv_ok = by_position if kv_ok is None else kv_ok & by_position
+        kv_cols = None if kv_at else kp
+        ok = positions_hold(guard, q_rows, qp if q_at else None, kp if kv_at else None, kv_ok, kv_cols)
+        if start is not None and positions.q is not None:  # the query positions and the sliced rows agree
+            ok &= jnp.all(qp == sliced_rows(pos_vals[-1])[None, :])
+        qp, kp = (None if q_at else qp), (None if kv_at else kp)
         fast = lambda args: core(qv, kv_arr, vv, rt_vals, qp, kp)  # noqa: E731
-        return jax.lax.cond(ok, fast, dense, list(reads))
+        return jax.lax.cond(everywhere(ok), fast, dense, list(reads))
 
     def core(qv, kv_arr, vv, extra, qp, kp):
         b = math.prod(sizes[lab] for lab in batch)

@@ -353,6 +353,7 @@ def match_pv(ir: IR, sl: Slices, pv: Node, backend: str, empty_rows: str = "fall
         kv,
         size,
     )
+    position_leaves = []  # the leaves made constant by reading positions as indices
     if pos is not None:
         sl = pos.slices
         leaves, runtime_leaves = runtime_leaves, []
@@ -361,6 +362,7 @@ def match_pv(ir: IR, sl: Slices, pv: Node, backend: str, empty_rows: str = "fall
                 ir, sl, leaf.vid, leaf.labels, leaf.negate, size, test=leaf.test
             )
             mask_terms += [mask_term(x) for x in static]
+            position_leaves += static
             runtime_leaves += dynamic
 
     # which query-free axis is the sequence axis? the one the masks vary along
@@ -444,17 +446,17 @@ def match_pv(ir: IR, sl: Slices, pv: Node, backend: str, empty_rows: str = "fall
         )
     group = [lab for lab in q_free if lab != t]
     arrangement = Arrangement(q_lab, k_lab, v_lab, out_labels, batch, heads, group, t, kv, sizes)
-    # a sliced constant's rows next to a query position array: the two checked equal at run time
-    agree = pos is not None and pos.q_start is not None and pos.q is not None
+    # position arrays are checked at run time: inside the mask, equal to the indices they stand in
+    # for (``checked``), equal to a sliced constant's rows; the original attention runs where not
     guard = None
-    if checked or agree:
-        first = last = None
-        if checked:  # the extents of the terms that read no checked side's positions (``guard``'s A)
-            read = {getattr(pos, s)[0] for s in checked}
-            unchecked = [term for term in mask_terms if not reads_any(ir, term[1], read)]
-            seen = make_mask(sl, unchecked, t, kv, rows, kv_len) if unchecked else masks.full()
-            first, last = row_extents(_analysed(seen, rows, kv_len))
-        guard = Guard(checked, first, last, *between(ir, {q_vid, k_vid}, out_vid), out_vid)
+    if pos is not None and (pos.q is not None or pos.kv is not None):
+        # the extents of the terms that read no checked side's positions (``guard``'s A)
+        read = {getattr(pos, s)[0] for s in checked}
+        unchecked = [term for term in mask_terms if not reads_any(ir, term[1], read)]
+        seen = make_mask(sl, unchecked, t, kv, rows, kv_len) if unchecked else masks.full()
+        first, last = row_extents(_analysed(seen, rows, kv_len))
+        key_terms = _key_terms(ir, sl, pos, checked, position_leaves, batch, t, kv, size)
+        guard = Guard(checked, first, last, key_terms, *between(ir, {q_vid, k_vid}, out_vid), out_vid)
     run = attention_call(
         arrangement,
         layout,
@@ -480,6 +482,7 @@ def match_pv(ir: IR, sl: Slices, pv: Node, backend: str, empty_rows: str = "fall
     )
     extra = tuple(runtime.vids) + tuple(pos.vids if pos is not None else ())
     if guard is not None:
+        extra += tuple(guard.key_terms.vids)
         extra += tuple(v for v in guard.reads if v not in ir.consts and v not in ir.outer)
     return Match(out_vid, q_vid, k_vid, v_vid, run, found, extra)
 
@@ -506,6 +509,23 @@ def _checked_sides(pos, mask_terms: list, t, kv, q_len: int, kv_len: int) -> fro
     if checked == {"q"} and pos.kv is not None and q_len > kv_len:
         checked.add("kv")
     return frozenset(checked)
+
+
+def _key_terms(ir: IR, sl: Slices, pos, checked, leaves: list, batch: list, t, kv, size) -> rt_ops.Runtime:
+    """The mask leaves on key positions alone (``kv_pos >= 0``), as key padding terms the guard
+    reads at run time: inside the mask they are constant columns, but a key outside it that they
+    hide is hidden by the original mask too (``guard``). No terms where the keys are not passed at
+    their positions."""
+    if pos.kv is None or "kv" in checked:
+        return rt_ops.Runtime()
+    on_kv = set(batch) | {kv}
+
+    def key_only(leaf) -> bool:
+        shape = ir.shape(leaf.vid)
+        varies = {a for x, n in zip(leaf.labels, shape, strict=True) if n > 1 for a in lab_ops.atoms(x)}
+        return varies <= on_kv and reads_any(ir, leaf.vid, {pos.kv[0]})
+
+    return rt_ops.classify(ir, sl, [leaf for leaf in leaves if key_only(leaf)], batch, t, kv, size)
 
 
 def _not_ids(ir: IR, leaf) -> bool:
