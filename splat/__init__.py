@@ -18,7 +18,7 @@ from splat import (
 from splat._analyzer import HeadGroupsReport, Report, analyze, report
 from splat._attention import attention, sddmm, softmax, spmm
 from splat._buckets import bucket_length, pad_to_bucket
-from splat._call_log import CallRecord, call_counts, call_log
+from splat._call_log import CallRecord, call_counts, call_log, guard_log
 from splat._decorator import SparseAttentionFallbackWarning, sparse_attention
 from splat._kvcache import attention_with_kvcache, update_kvcache
 from splat._neighborhood_attention import neighborhood_attention
@@ -40,6 +40,7 @@ __all__ = [
     "bucket_length",
     "call_counts",
     "call_log",
+    "guard_log",
     "flax",
     "masks",
     "neighborhood_attention",

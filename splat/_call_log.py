@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["CallRecord", "call_counts", "call_log", "error_message", "record"]
+__all__ = ["CallRecord", "call_counts", "call_log", "error_message", "guard_log", "guard_sinks", "record"]
 
 Outcome = Literal["splat", "fallback", "error"]
 
@@ -101,6 +101,51 @@ def call_log() -> Iterator[list[CallRecord]]:
         yield out
     finally:
         del logs[next(i for i, x in enumerate(logs) if x is out)]  # by identity: equal lists abound
+
+
+@contextlib.contextmanager
+def guard_log() -> Iterator[list[bool]]:
+    """Collect, at run time, which attention each of ``splat.sparsify``'s run-time checks chose.
+
+    Some attentions ``sparsify`` replaces take positions computed from the inputs, which splat
+    checks when the compiled function runs (positions inside the mask, equal to the indices where
+    the mask also reads those): where a check fails, the original dense attention runs, exactly,
+    so a :class:`CallRecord` (made at trace time) cannot say which one ran. A guarded attention
+    traced while this log is open reports every execution's choice to it: True, splat's
+    attention; False, the original. Each report is a host callback, so leave it closed where
+    speed matters; records arrive asynchronously (``jax.effects_barrier()`` waits for them).
+
+    Yields:
+      The list the choices are appended to, in execution order.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, splat
+      >>> def attn(q, k, v, pos):  # a window on positions given as an input
+      ...     s = jnp.einsum("qd,kd->qk", q, k)
+      ...     near = (pos[None, :] > pos[:, None] - 3) & (pos[None, :] < pos[:, None] + 3)
+      ...     return jax.nn.softmax(jnp.where(near, s, -1e30)) @ v
+      >>> x = jnp.ones((8, 4))
+      >>> with splat.guard_log() as chose:
+      ...     _ = jax.jit(splat.sparsify(attn))(x, x, x, jnp.arange(8))
+      ...     jax.effects_barrier()
+      >>> chose
+      [True]
+    """
+    logs = getattr(_local, "guard_logs", None)
+    if logs is None:
+        logs = _local.guard_logs = []
+    out: list[bool] = []
+    logs.append(out)
+    try:
+        yield out
+    finally:
+        del logs[next(i for i, x in enumerate(logs) if x is out)]
+
+
+def guard_sinks() -> tuple[list[bool], ...]:
+    """The :func:`guard_log` lists open in this thread now (where a guarded attention being
+    traced reports its run-time choices)."""
+    return tuple(getattr(_local, "guard_logs", ()))
 
 
 def call_counts(reset: bool = False) -> dict[str, int]:

@@ -6,7 +6,9 @@ and 2 KV heads of dim 32, sequence 64, random weights) and run three ways, with 
 decode. Every check asserts float32 error <= 1e-5 (relative to the largest value) against the
 library's own result, no fallback warning, and -- through :func:`splat.call_log` -- that splat
 ran every attention layer of every call (``replaced == layers``, nothing left dense) and, for
-decode steps, splat's decode path (queries at positions known only at run time).
+decode steps, splat's decode path (queries at positions known only at run time); and, through
+:func:`splat.guard_log`, that every run-time check of positions chose splat's attention when
+the compiled step ran.
 """
 
 from __future__ import annotations
@@ -39,11 +41,13 @@ def close(got, want) -> None:
 def run_splat(fn, *args, layers: int, decode: bool):
     """``jit(sparsify(fn))(*args)``, asserting that splat ran all ``layers`` attentions."""
     sf = splat.sparsify(fn, backend="jax", fallback=False)
-    with warnings.catch_warnings(), splat.call_log() as log:
+    with warnings.catch_warnings(), splat.call_log() as log, splat.guard_log() as chose:
         warnings.simplefilter("error", splat.SparsifyWarning)
         out = jax.jit(sf)(*args)
+        jax.effects_barrier()
     got = [(r.outcome, r.replaced, r.dense, r.decode) for r in log]
     assert got == [("splat", layers, 0, decode)], [(r.outcome, r.replaced, r.dense, r.reason) for r in log]
+    assert all(chose), f"the original attention ran where a run-time check of positions failed: {chose}"
     return out
 
 

@@ -429,3 +429,23 @@ def test_row_extents_are_each_rows_first_and_last_column(mask):
     any_col = dense.any(axis=1)
     np.testing.assert_array_equal(np.where(any_col, dense.argmax(axis=1), 24), first)
     np.testing.assert_array_equal(np.where(any_col, 23 - dense[:, ::-1].argmax(axis=1), -1), last)
+
+
+def test_guard_log_reports_which_attention_each_execution_ran():
+    """``splat.guard_log`` sees the run-time choice: positions inside the mask run splat (True);
+    positions past it run the original (False); both exact."""
+
+    def attn(q, k, v, pos):
+        s = jnp.einsum("qd,kd->qk", q, k)
+        near = (pos[None, :] > pos[:, None] - 3) & (pos[None, :] < pos[:, None] + 3)
+        return jax.nn.softmax(jnp.where(near, s, -1e30)) @ v
+
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((8, 4)), jnp.float32)
+    with warnings.catch_warnings(), splat.guard_log() as chose:
+        warnings.simplefilter("error", splat.SparsifyWarning)
+        fn = jax.jit(splat.sparsify(attn, backend="jax"))
+        inside, past = fn(x, x, x, jnp.arange(8)), fn(x, x, x, jnp.arange(8) + 100)
+        jax.effects_barrier()
+    assert chose == [True, False]
+    for got, pos in ((inside, jnp.arange(8)), (past, jnp.arange(8) + 100)):
+        np.testing.assert_allclose(got, attn(x, x, x, pos), **TOL)

@@ -15,8 +15,10 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from splat import _attention
+from splat._call_log import guard_sinks
 from splat._runtime_args import everywhere
 from splat._sparsify import runtime as rt_ops
 from splat._sparsify.guard import Guard, positions_hold
@@ -137,7 +139,11 @@ def attention_call(
             ok &= jnp.all(qp == sliced_rows(pos_vals[-1])[None, :])
         qp, kp = (None if q_at else qp), (None if kv_at else kp)
         fast = lambda args: core(qv, kv_arr, vv, rt_vals, qp, kp)  # noqa: E731
-        return jax.lax.cond(everywhere(ok), fast, dense, list(reads))
+        chose = everywhere(ok)
+        sinks = guard_sinks()
+        if sinks:  # someone asked, at trace time, which attention each execution runs
+            jax.debug.callback(lambda c: [s.append(bool(np.all(c))) for s in sinks], chose)
+        return jax.lax.cond(chose, fast, dense, list(reads))
 
     def core(qv, kv_arr, vv, extra, qp, kp):
         b = math.prod(sizes[lab] for lab in batch)
