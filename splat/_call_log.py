@@ -67,9 +67,25 @@ class CallRecord:
     dense: int | None = None
 
 
-_local = threading.local()  # .logs: the open call_log lists of this thread, outermost first
+_local = threading.local()  # .logs, .guard_logs: the open call_log / guard_log lists of this thread
 _counts: Counter[str] = Counter()
 _counts_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _opened(kind: str) -> Iterator[list]:
+    """A new list open in this thread's ``_local.<kind>`` (the open logs of one kind, outermost
+    first) while the block runs."""
+    logs = getattr(_local, kind, None)
+    if logs is None:
+        logs = []
+        setattr(_local, kind, logs)
+    out: list = []
+    logs.append(out)
+    try:
+        yield out
+    finally:
+        del logs[next(i for i, x in enumerate(logs) if x is out)]  # by identity: equal lists abound
 
 
 @contextlib.contextmanager
@@ -92,15 +108,8 @@ def call_log() -> Iterator[list[CallRecord]]:
       >>> [(r.front_end, r.outcome) for r in log]
       [('sparse_attention(<lambda>)', 'splat')]
     """
-    logs = getattr(_local, "logs", None)
-    if logs is None:
-        logs = _local.logs = []
-    out: list[CallRecord] = []
-    logs.append(out)
-    try:
+    with _opened("logs") as out:
         yield out
-    finally:
-        del logs[next(i for i, x in enumerate(logs) if x is out)]  # by identity: equal lists abound
 
 
 @contextlib.contextmanager
@@ -131,15 +140,8 @@ def guard_log() -> Iterator[list[bool]]:
       >>> chose
       [True]
     """
-    logs = getattr(_local, "guard_logs", None)
-    if logs is None:
-        logs = _local.guard_logs = []
-    out: list[bool] = []
-    logs.append(out)
-    try:
+    with _opened("guard_logs") as out:
         yield out
-    finally:
-        del logs[next(i for i, x in enumerate(logs) if x is out)]
 
 
 def guard_sinks() -> tuple[list[bool], ...]:

@@ -66,10 +66,9 @@ _LOG2E = tl.constexpr(LOG2E)
 _LN2 = tl.constexpr(0.6931471805599453)
 
 
-def _run(SEG, seg_row, s, live, doc_lo, doc_hi, NSEG: tl.constexpr, IDS: tl.constexpr,
-         STRIDED: tl.constexpr):
-    """Segment ``s`` of the rows at ``seg_row``: its first key, the end of
-    its keys (exclusive), its stride, and whether it holds a key; cut to the row's document."""
+def _run(SEG, seg_row, s, live, doc_lo, doc_hi, IDS: tl.constexpr, STRIDED: tl.constexpr):
+    """Segment ``s`` of the rows at ``seg_row``: its first key, the end of its keys (exclusive), its
+    stride, and whether it holds a key; cut to the row's document."""
     base = tl.load(SEG + seg_row + 3 * s, mask=live, other=0)
     count = tl.load(SEG + seg_row + 3 * s + 1, mask=live, other=0)
     if STRIDED:
@@ -142,7 +141,7 @@ def _kernel(
     # -- the walk: per segment, the union of the rows' runs (clipped to kv_len) in whole tiles
     total = 0
     for s in tl.static_range(NSEG):
-        first, end, step, has = _run(SEG, seg_row, s, live, doc_lo, doc_hi, NSEG, IDS, STRIDED)
+        first, end, step, has = _run(SEG, seg_row, s, live, doc_lo, doc_hi, IDS, STRIDED)
         total += _union(first, end, step, has, kv_len, STRIDED, BLOCK_N)[3]
 
     # -- this program's share: the row's walk in NUM_SPLITS equal shares (fewer where it is short)
@@ -157,7 +156,7 @@ def _kernel(
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     done = 0  # tiles of the segments before this one
     for s in tl.static_range(NSEG):
-        first, end, step, has = _run(SEG, seg_row, s, live, doc_lo, doc_hi, NSEG, IDS, STRIDED)
+        first, end, step, has = _run(SEG, seg_row, s, live, doc_lo, doc_hi, IDS, STRIDED)
         lo, hi, walk, n = _union(first, end, step, has, kv_len, STRIDED, BLOCK_N)
         t_first = tl.minimum(tl.maximum(t0 - done, 0), n)
         t_last = tl.minimum(tl.maximum(t1 - done, 0), n)
